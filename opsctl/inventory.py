@@ -1,0 +1,319 @@
+"""inventory.yaml: hosts, groups and defaults, validated strictly.
+
+Every error names the file, the line and the dotted field (``inventory.yaml:14: hosts.ct200.unit: ...``).
+Values that end up in a shell command or a filesystem path are checked here once, so the rest of the code can
+trust them (and still quotes every remote command).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import InventoryError
+
+ENV_VAR = "OPSCTL_INVENTORY"
+DEFAULT_FILE = "inventory.yaml"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_UNIT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
+_ADDRESS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}$")
+_ARCH_RE = re.compile(r"^\d{1,2}\.\d$")
+# Characters with a meaning to a shell, plus whitespace; a path or argument containing one is refused outright.
+_SHELL_META = set(";&|$`\\\"'<>(){}[]*?!#~\n\r\t ")
+
+
+def _safe_name(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError(f"{value!r} is not a safe name (letters, digits, '_', '.', '-'; max 63)")
+    return value
+
+
+def _unit_name(value: str) -> str:
+    if not _UNIT_RE.match(value) or ".." in value:
+        raise ValueError(f"{value!r} is not a valid systemd unit name (no spaces, '/', or shell characters)")
+    return value
+
+
+def _address(value: str) -> str:
+    if not _ADDRESS_RE.match(value):
+        raise ValueError(f"{value!r} is not a hostname or IP address")
+    return value
+
+
+def _abs_path(value: str) -> str:
+    bad = sorted(set(value) & (_SHELL_META - {"~"}))
+    if bad:
+        raise ValueError(f"{value!r} contains characters unsafe in a shell or path: {''.join(bad)!r}")
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} must be an absolute path")
+    parts = value.split("/")
+    if ".." in parts or "." in parts[1:]:
+        raise ValueError(f"{value!r} must not contain '.' or '..' components")
+    if value.rstrip("/") in ("", "/root", "/home", "/etc", "/usr", "/var", "/opt", "/tmp", "/bin", "/lib"):
+        raise ValueError(f"{value!r} is a system directory; a release root must be a directory of its own")
+    return value.rstrip("/")
+
+
+def _local_path(value: str) -> str:
+    bad = sorted(set(value) & (_SHELL_META - {"~"}))
+    if bad:
+        raise ValueError(f"{value!r} contains characters unsafe in a shell or path: {''.join(bad)!r}")
+    return value
+
+
+def _shell_arg(value: str) -> str:
+    if "$(" in value or "`" in value or ";" in value or "\n" in value or "&&" in value or "|" in value:
+        raise ValueError(f"{value!r} contains shell syntax")
+    return value
+
+
+def _arch(value: str) -> str:
+    if not _ARCH_RE.match(value):
+        raise ValueError(f"{value!r} is not a compute capability like '12.0' or '9.0'")
+    return value
+
+
+SafeName = Annotated[str, AfterValidator(_safe_name)]
+UnitName = Annotated[str, AfterValidator(_unit_name)]
+Address = Annotated[str, AfterValidator(_address)]
+RemotePath = Annotated[str, AfterValidator(_abs_path)]
+LocalPath = Annotated[str, AfterValidator(_local_path)]
+ShellArg = Annotated[str, AfterValidator(_shell_arg)]
+GpuArch = Annotated[str, AfterValidator(_arch)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GateSettings(_Strict):
+    """Thresholds of the parity gate (design.md s.5)."""
+
+    pass_rel: float = Field(1e-2, gt=0)
+    fail_rel: float = Field(5e-2, gt=0)
+    consecutive_passes: int = Field(3, ge=1, le=1000)
+    deadline_s: float = Field(1800.0, gt=0)
+    poll_interval_s: float = Field(2.0, gt=0, le=300)
+    max_restarts: int = Field(2, ge=0)
+    ssh_retries: int = Field(5, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GateSettings:
+        if self.fail_rel < self.pass_rel:
+            raise ValueError(f"fail_rel ({self.fail_rel}) must be >= pass_rel ({self.pass_rel})")
+        return self
+
+
+class ServiceSettings(_Strict):
+    """What the unit runs: SGLang with the kdtree backend on GPU hosts, the CPU replay service on testbeds."""
+
+    mode: Literal["sglang", "replay"] = "sglang"
+    python: RemotePath = "/usr/bin/python3"
+    model_path: LocalPath = "/models/Kimi-K2.6"
+    port: int = Field(30000, ge=1, le=65535)
+    tp: int = Field(8, ge=1, le=64)
+    attention: Literal["kdtree", "prefill-kdtree"] = "kdtree"
+    speculative_algorithm: SafeName = "DDTREE"
+    speculative_num_draft_tokens: int = Field(9, ge=1, le=128)
+    extra_args: list[ShellArg] = Field(default_factory=list)
+    environment_file: RemotePath | None = None
+    replay_args: list[ShellArg] = Field(default_factory=list)
+    start_timeout_s: int = Field(1800, ge=10)
+
+
+class HostConfig(_Strict):
+    """One host, defaults already merged in."""
+
+    name: SafeName
+    address: Address | None = None
+    port: int = Field(22, ge=1, le=65535)
+    user: SafeName = "root"
+    identity_file: LocalPath | None = None
+    ssh_alias: SafeName | None = None
+    known_hosts: LocalPath = "~/.ssh/known_hosts"
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    connect_timeout_s: float = Field(10.0, gt=0, le=300)
+    command_timeout_s: float = Field(600.0, gt=0)
+    root: RemotePath = "/root/kdtree-engine"
+    unit: UnitName = "sglang-k26-ddtree"
+    gpu_arch: GpuArch | None = "12.0"
+    build_timeout_s: float = Field(1800.0, gt=0)
+    keep_releases: int = Field(5, ge=2, le=100)
+    min_free_disk_mb: int = Field(2048, ge=0)
+    gate: GateSettings = Field(default_factory=GateSettings)
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
+
+    @model_validator(mode="after")
+    def _reachable(self) -> HostConfig:
+        if self.address is None and self.ssh_alias is None:
+            raise ValueError("needs an 'address' or an 'ssh_alias'")
+        return self
+
+    @property
+    def target(self) -> str:
+        """What ssh connects to: the ssh_config alias when given, else the address."""
+        return self.ssh_alias or self.address or self.name
+
+
+class _InventoryFile(_Strict):
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    hosts: dict[str, dict[str, Any]]
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    hosts: dict[str, HostConfig]
+    groups: dict[str, tuple[str, ...]]
+
+    def resolve(self, target: str) -> list[HostConfig]:
+        """A host name, a group name or ``all`` -> hosts, in inventory order."""
+        if target in self.hosts:
+            return [self.hosts[target]]
+        if target in self.groups:
+            return [self.hosts[h] for h in self.groups[target]]
+        if target == "all":
+            return list(self.hosts.values())
+        known = ", ".join([*self.hosts, *self.groups]) or "none"
+        raise InventoryError(f"{self.path}: no host or group named {target!r} (known: {known})")
+
+    def host(self, name: str) -> HostConfig:
+        hosts = self.resolve(name)
+        if len(hosts) != 1 or name not in self.hosts:
+            raise InventoryError(f"{self.path}: {name!r} is a group; this command takes one host")
+        return hosts[0]
+
+
+def default_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """--inventory, else $OPSCTL_INVENTORY, else ./inventory.yaml."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(ENV_VAR)
+    return Path(env) if env else Path(DEFAULT_FILE)
+
+
+def load(path: str | os.PathLike[str] | None = None) -> Inventory:
+    p = default_path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InventoryError(f"{p}: cannot read inventory: {e.strerror or e}") from e
+    return parse(text, p)
+
+
+def parse(text: str, path: Path | str = DEFAULT_FILE) -> Inventory:
+    path = Path(path)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e)
+        raise InventoryError(f"{where}: invalid YAML: {problem}") from e
+    lines = _line_map(node)
+    if not isinstance(raw, dict):
+        raise InventoryError(f"{path}:1: the inventory must be a mapping with 'hosts' (and 'defaults', 'groups')")
+    try:
+        doc = _InventoryFile.model_validate(raw)
+    except ValidationError as e:
+        raise _inventory_error(path, lines, e, ()) from None
+
+    hosts: dict[str, HostConfig] = {}
+    for name, fields in doc.hosts.items():
+        if not isinstance(fields, dict):
+            raise InventoryError(f"{path}:{lines.get(('hosts', name), 1)}: hosts.{name}: must be a mapping")
+        merged = _deep_merge(doc.defaults, fields)
+        merged["name"] = name
+        try:
+            hosts[name] = HostConfig.model_validate(merged)
+        except ValidationError as e:
+            raise _inventory_error(path, lines, e, ("hosts", name), defaults_fields=set(doc.defaults)) from None
+
+    groups: dict[str, tuple[str, ...]] = {}
+    for group, members in doc.groups.items():
+        where = f"{path}:{lines.get(('groups', group), 1)}: groups.{group}"
+        try:
+            _safe_name(group)
+        except ValueError as e:
+            raise InventoryError(f"{where}: {e}") from None
+        if group in hosts:
+            raise InventoryError(f"{where}: a group cannot share its name with a host")
+        missing = [m for m in members if m not in hosts]
+        if missing:
+            raise InventoryError(f"{where}: unknown host(s) {', '.join(map(str, missing))}")
+        groups[group] = tuple(dict.fromkeys(members))
+    return Inventory(path=path, hosts=hosts, groups=groups)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _line_map(node: yaml.Node | None) -> dict[tuple[str | int, ...], int]:
+    """Dotted key path -> 1-based line of that key in the file."""
+    lines: dict[tuple[str | int, ...], int] = {}
+
+    def walk(n: yaml.Node, prefix: tuple[str | int, ...]) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = (*prefix, k.value)
+                lines[key] = k.start_mark.line + 1
+                walk(v, key)
+        elif isinstance(n, yaml.SequenceNode):
+            for i, v in enumerate(n.value):
+                key = (*prefix, i)
+                lines[key] = v.start_mark.line + 1
+                walk(v, key)
+
+    if node is not None:
+        walk(node, ())
+    return lines
+
+
+def _inventory_error(
+    path: Path,
+    lines: dict[tuple[str | int, ...], int],
+    err: ValidationError,
+    prefix: tuple[str, ...],
+    defaults_fields: Iterable[str] = (),
+) -> InventoryError:
+    first = err.errors()[0]
+    loc = tuple(first["loc"])
+    full = (*prefix, *loc)
+    line = _closest_line(lines, full)
+    # A bad value inherited from `defaults` (not written on the host itself) is reported where it is written.
+    if full not in lines and prefix and loc and ("defaults", *loc) in lines and loc[0] in set(defaults_fields):
+        full = ("defaults", *loc)
+        line = lines[full]
+    dotted = ".".join(str(p) for p in full) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif first["type"] == "missing":
+        msg = "required field is missing"
+    msg = msg.removeprefix("Value error, ")
+    return InventoryError(f"{path}:{line or 1}: {dotted}: {msg}")
+
+
+def _closest_line(lines: dict[tuple[str | int, ...], int], key: tuple[str | int, ...]) -> int | None:
+    for n in range(len(key), 0, -1):
+        if key[:n] in lines:
+            return lines[key[:n]]
+    return None
