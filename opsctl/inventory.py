@@ -130,6 +130,20 @@ class ServiceSettings(_Strict):
     start_timeout_s: int = Field(1800, ge=10)
 
 
+class HealthSettings(_Strict):
+    """Scheduled health checks (opsctl health, the opsctl-health timer) and where alerts go."""
+
+    on_calendar: ShellArg = "*:0/15"
+    randomized_delay_s: int = Field(60, ge=0)
+    http_path: ShellArg = "/health"
+    http_timeout_s: float = Field(5.0, gt=0)
+    parity_window_s: int = Field(3600, gt=0)
+    restarts_warn: int = Field(1, ge=0)
+    disk_warn_mb: int = Field(10240, ge=0)
+    alert_command: ShellArg | None = None
+    alert_webhook: ShellArg | None = None
+
+
 class HostConfig(_Strict):
     """One host, defaults already merged in."""
 
@@ -151,6 +165,7 @@ class HostConfig(_Strict):
     min_free_disk_mb: int = Field(2048, ge=0)
     gate: GateSettings = Field(default_factory=GateSettings)
     service: ServiceSettings = Field(default_factory=ServiceSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
 
     @model_validator(mode="after")
     def _reachable(self) -> HostConfig:
