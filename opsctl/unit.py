@@ -1,0 +1,135 @@
+"""Render the systemd unit from systemd/sglang-k26-ddtree.service and inventory (pure), and install it (I/O).
+
+ExecStart runs from ``<root>/current``: SGLang with the kdtree backend and the DDTree settings on GPU hosts,
+the CPU replay service on testbed hosts (``service.mode`` decides).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from pathlib import Path
+from typing import Protocol
+
+from .inventory import HostConfig
+
+TEMPLATE_REL = "systemd/sglang-k26-ddtree.service"
+UNIT_DIR = "/etc/systemd/system"
+_PLACEHOLDER_RE = re.compile(r"@@([A-Z_]+)@@")
+# nvidia character-device classes from /proc/devices: GPUs + control, UVM, MIG caps, NVLink/NVSwitch.
+_GPU_DEVICE_CLASSES = (
+    "char-nvidia-frontend",
+    "char-nvidia-uvm",
+    "char-nvidia-caps",
+    "char-nvidia-nvlink",
+    "char-nvidia-nvswitch",
+)
+REPLAY_INTERVAL_S = 2.0
+
+
+def systemd_word(arg: str) -> str:
+    """Quote one ExecStart argument for systemd's own parser: '%' and '$' are specifiers/expansions there."""
+    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    if escaped and not re.search(r"[\s'\"\\]", escaped):
+        return escaped
+    return f'"{escaped}"'
+
+
+def exec_argv(host: HostConfig) -> list[str]:
+    svc = host.service
+    if svc.mode == "replay":
+        args = list(svc.replay_args)
+        if not any(a == "--steps" or a.startswith("--steps=") for a in args):
+            args = ["--steps", "0", *args]
+        if not any(a == "--interval" or a.startswith("--interval=") for a in args):
+            args = [*args, "--interval", f"{REPLAY_INTERVAL_S:g}"]
+        return [svc.python, "-m", "kdtree_backend.replay", *args]
+    if svc.attention == "kdtree":
+        attention = ["--attention-backend", "kdtree"]
+    else:
+        attention = ["--prefill-attention-backend", "kdtree", "--decode-attention-backend", "triton"]
+    return [
+        svc.python,
+        "-m",
+        "kdtree_backend.launch",
+        "--model-path",
+        svc.model_path,
+        "--tp-size",
+        str(svc.tp),
+        "--port",
+        str(svc.port),
+        "--trust-remote-code",
+        *attention,
+        "--speculative-algorithm",
+        svc.speculative_algorithm,
+        "--speculative-num-draft-tokens",
+        str(svc.speculative_num_draft_tokens),
+        "--speculative-draft-attention-backend",
+        "triton",
+        "--page-size",
+        "1",
+        *svc.extra_args,
+    ]
+
+
+def render(template: str, host: HostConfig) -> str:
+    """The unit file for ``host``. Every placeholder must be known (a typo in the template fails loudly)."""
+    svc = host.service
+    gpu = ""
+    if host.gpu_arch is not None and svc.mode == "sglang":
+        gpu = "# GPU access (compute capability " + host.gpu_arch + "): only the nvidia devices besides the defaults.\n"
+        gpu += "DevicePolicy=auto\n" + "".join(f"DeviceAllow={c} rw\n" for c in _GPU_DEVICE_CLASSES)
+        gpu = gpu.rstrip("\n")
+    values = {
+        "HEADER": f"{host.unit}.service for host {host.name}",
+        "MODE": "SGLang" if svc.mode == "sglang" else "CPU replay (testbed)",
+        "ROOT": host.root,
+        "USER": host.user,
+        "UNIT": host.unit,
+        "ENVIRONMENT_FILE": f"EnvironmentFile=-{svc.environment_file}"
+        if svc.environment_file
+        else "# no EnvironmentFile in inventory",
+        "EXEC_START": " ".join(systemd_word(a) for a in exec_argv(host)),
+        "RESTART_SEC": "10" if svc.mode == "sglang" else "1",
+        "START_TIMEOUT": str(svc.start_timeout_s),
+        "GPU_ACCESS": gpu or "# no GPU on this host (replay mode)",
+    }
+
+    def sub(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key not in values:
+            raise KeyError(f"{TEMPLATE_REL}: unknown placeholder @@{key}@@")
+        return values[key]
+
+    return _PLACEHOLDER_RE.sub(sub, template)
+
+
+def render_from_tree(tree: Path, host: HostConfig) -> str:
+    return render((tree / TEMPLATE_REL).read_text(), host)
+
+
+def unit_path(host: HostConfig) -> str:
+    return f"{UNIT_DIR}/{host.unit}.service"
+
+
+def digest(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
+class _Remote(Protocol):
+    def run(self, cmd: str | list[str], **kw: object) -> object: ...
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None: ...
+
+
+def install(r: _Remote, host: HostConfig, text: str, current_text: str | None) -> bool:
+    """Write the unit and daemon-reload, only when it changed. Returns whether it changed."""
+    if current_text is not None and digest(current_text) == digest(text):
+        return False
+    r.write_file(unit_path(host), text.encode(), mode=0o644)
+    r.run(["systemctl", "daemon-reload"], timeout=120)
+    return True
+
+
+def verify_command(path: str) -> str:
+    return shlex.join(["systemd-analyze", "verify", path])

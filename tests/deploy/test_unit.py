@@ -1,0 +1,84 @@
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from opsctl.inventory import HostConfig, ServiceSettings, parse
+from opsctl.unit import exec_argv, render, render_from_tree, systemd_word
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = (REPO / "systemd" / "sglang-k26-ddtree.service").read_text()
+LOCAL_PYTHON = "/usr/bin/python3"
+
+
+def gpu_host(**service: object) -> HostConfig:
+    svc = ServiceSettings(python=LOCAL_PYTHON, environment_file="/etc/kdtree-engine/sglang.env", **service)  # type: ignore[arg-type]
+    return HostConfig(name="gpu1", address="10.0.0.1", gpu_arch="12.0", root="/srv/kdtree-engine", service=svc)
+
+
+def replay_host() -> HostConfig:
+    svc = ServiceSettings(mode="replay", python=LOCAL_PYTHON, replay_args=["--interval", "0.5"])
+    return HostConfig(name="tb1", address="127.0.0.1", gpu_arch=None, root="/srv/kdtree-engine", service=svc)
+
+
+def test_gpu_unit_contents() -> None:
+    text = render(TEMPLATE, gpu_host(speculative_num_draft_tokens=9, tp=8, start_timeout_s=1500))
+    assert "@@" not in text
+    assert "ExecStart=/usr/bin/python3 -m kdtree_backend.launch --model-path /models/Kimi-K2.6 --tp-size 8" in text
+    assert "--attention-backend kdtree" in text and "--speculative-algorithm DDTREE" in text
+    assert "--speculative-num-draft-tokens 9" in text
+    assert "WorkingDirectory=/srv/kdtree-engine/current\n" in text
+    assert "Environment=PYTHONPATH=/srv/kdtree-engine/current/kernel:/srv/kdtree-engine/current/backend\n" in text
+    assert "Environment=PYTHONUNBUFFERED=1\n" in text
+    assert "Environment=KDTREE_CONFIG=/srv/kdtree-engine/current/deploy/kdtree.json\n" in text
+    assert "EnvironmentFile=-/etc/kdtree-engine/sglang.env\n" in text
+    assert "LogRateLimitIntervalSec=0\n" in text and "TimeoutStartSec=1500\n" in text
+    assert "Restart=on-failure\n" in text and "DeviceAllow=char-nvidia-frontend rw" in text
+
+
+def test_prefill_only_attention() -> None:
+    argv = exec_argv(gpu_host(attention="prefill-kdtree"))
+    assert "--prefill-attention-backend" in argv and "--decode-attention-backend" in argv
+    assert "--attention-backend" not in argv
+
+
+def test_replay_unit() -> None:
+    text = render(TEMPLATE, replay_host())
+    assert "-m kdtree_backend.replay --steps 0 --interval 0.5" in text
+    assert "DeviceAllow" not in text and "EnvironmentFile=-" not in text
+
+
+def test_render_is_deterministic_and_host_specific() -> None:
+    a, b = render(TEMPLATE, replay_host()), render(TEMPLATE, replay_host())
+    assert a == b
+    assert render(TEMPLATE, gpu_host()) != a
+
+
+def test_unknown_placeholder_fails() -> None:
+    with pytest.raises(KeyError):
+        render(TEMPLATE + "\n# @@NOPE@@\n", replay_host())
+
+
+def test_systemd_word() -> None:
+    assert systemd_word("plain") == "plain"
+    assert systemd_word("50%") == "50%%"
+    assert systemd_word("a b") == '"a b"'
+    assert systemd_word("$HOME") == "$$HOME"
+
+
+def test_repo_inventory_renders() -> None:
+    inv = parse((REPO / "inventory.yaml").read_text(), REPO / "inventory.yaml")
+    text = render_from_tree(REPO, inv.host("ct200"))
+    assert "--tp-size 8" in text
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+@pytest.mark.parametrize("host", [gpu_host(), replay_host()], ids=["gpu", "replay"])
+def test_systemd_analyze_verify(tmp_path: Path, host: HostConfig) -> None:
+    unit = tmp_path / "sglang-k26-ddtree.service"
+    unit.write_text(render(TEMPLATE, host))
+    res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    # verify prints warnings without failing; the unit's own lines must be clean.
+    assert "sglang-k26-ddtree.service:" not in res.stderr, res.stderr
