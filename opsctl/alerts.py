@@ -1,0 +1,160 @@
+"""Alert hook: tell someone when a host's health changes state, not on every run.
+
+The last notified state of each host lives in a small JSON file on the machine running opsctl. ``decide`` (pure)
+compares it with this run's results and returns the transitions to announce; ``deliver`` sends each one to the
+host's ``health.alert_command`` (run without a shell, the JSON on stdin and the essentials in OPSCTL_ALERT_*
+environment variables) and/or ``health.alert_webhook`` (HTTP POST of the JSON). A host's state is recorded only
+once its alert went out, so a failed delivery is retried by the next run instead of being lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .health import HostHealth, Level, state_dir, write_atomic
+from .inventory import HostConfig
+
+DELIVERY_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Alert:
+    host: str
+    previous: str | None  # None: first time this host is seen
+    current: str
+    summary: str
+    payload: dict[str, Any]
+
+
+def decide(previous: Mapping[str, str], results: Sequence[HostHealth]) -> list[Alert]:
+    """Transitions worth telling: any change of level; a host seen for the first time only when it is not OK."""
+    alerts = []
+    for r in results:
+        now = r.level.value
+        before = previous.get(r.host)
+        if before == now or (before is None and r.level is Level.OK):
+            continue
+        failing = [f"{c.name}: {c.detail}" for c in r.checks if c.level in (Level.WARN, Level.CRIT)]
+        summary = f"{r.host}: {(before or 'new').upper()} -> {now.upper()}" + (
+            f" ({'; '.join(failing)})" if failing else ""
+        )
+        payload = {
+            "source": "opsctl health",
+            "reporter": socket.gethostname(),
+            "host": r.host,
+            "previous": before,
+            "status": now,
+            "summary": summary,
+            "result": r.to_dict(),
+        }
+        alerts.append(Alert(r.host, before, now, summary, payload))
+    return alerts
+
+
+class AlertState:
+    """host -> last announced level, in one JSON file written atomically."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or state_dir() / "alert-state.json"
+
+    def load(self) -> dict[str, str]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except ValueError:
+            return {}  # a damaged file only means the next change is announced again
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+    def save(self, state: Mapping[str, str]) -> None:
+        write_atomic(self.path, json.dumps(dict(sorted(state.items())), indent=1) + "\n", mode=0o600)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    alert: Alert
+    target: str  # "command" / "webhook" / "none"
+    ok: bool
+    error: str | None = None
+
+
+Sender = Callable[[HostConfig, Alert], list[Delivery]]
+
+
+def send(host: HostConfig, alert: Alert) -> list[Delivery]:
+    """Deliver one alert to whatever the host's inventory names. No target configured counts as delivered."""
+    out: list[Delivery] = []
+    body = json.dumps(alert.payload, sort_keys=True).encode()
+    if host.health.alert_command:
+        out.append(_run_command(host.health.alert_command, alert, body))
+    if host.health.alert_webhook:
+        out.append(_post_webhook(host.health.alert_webhook, alert, body))
+    return out or [Delivery(alert, "none", True)]
+
+
+def _run_command(command: str, alert: Alert, body: bytes) -> Delivery:
+    env = {
+        **os.environ,
+        "OPSCTL_ALERT_HOST": alert.host,
+        "OPSCTL_ALERT_STATUS": alert.current,
+        "OPSCTL_ALERT_PREVIOUS": alert.previous or "",
+        "OPSCTL_ALERT_SUMMARY": alert.summary,
+    }
+    try:
+        r = subprocess.run(shlex.split(command), input=body, env=env, capture_output=True, timeout=DELIVERY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+        return Delivery(alert, "command", False, f"{command!r}: {e}")
+    if r.returncode != 0:
+        tail = r.stderr.decode(errors="replace").strip()[-200:]
+        return Delivery(alert, "command", False, f"{command!r} exited {r.returncode}: {tail}")
+    return Delivery(alert, "command", True)
+
+
+def _post_webhook(url: str, alert: Alert, body: bytes) -> Delivery:
+    if not url.startswith(("http://", "https://")):
+        return Delivery(alert, "webhook", False, f"{url!r} is not an http(s) URL")
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=DELIVERY_TIMEOUT_S) as resp:
+            resp.read(1024)
+    except urllib.error.HTTPError as e:
+        return Delivery(alert, "webhook", False, f"{url}: HTTP {e.code}")
+    except (OSError, ValueError) as e:
+        return Delivery(alert, "webhook", False, f"{url}: {e}")
+    return Delivery(alert, "webhook", True)
+
+
+def notify(
+    hosts: Mapping[str, HostConfig],
+    results: Sequence[HostHealth],
+    state: AlertState | None = None,
+    sender: Sender = send,
+) -> list[Delivery]:
+    """Announce state changes and record the states that were announced (or needed no announcement)."""
+    state = state or AlertState()
+    previous = state.load()
+    deliveries: list[Delivery] = []
+    new_state = dict(previous)
+    announced = {a.host: a for a in decide(previous, results)}
+    for r in results:
+        alert = announced.get(r.host)
+        if alert is None:
+            new_state[r.host] = r.level.value
+            continue
+        sent = sender(hosts[r.host], alert)
+        deliveries.extend(sent)
+        if all(d.ok for d in sent):
+            new_state[r.host] = r.level.value
+    if new_state != previous:
+        state.save(new_state)
+    return deliveries

@@ -1,0 +1,804 @@
+"""Health checks: facts gathered from a host -> pure evaluation -> OK / WARN / CRIT per check and per host.
+
+Shape: ``probe`` (one SSH round trip running a small read-only Python script on the host) returns
+``HostFacts``; ``evaluate`` turns facts + the previous run's record into ``HostHealth`` with no I/O;
+renderers turn results into a rich table, JSON, or a Prometheus textfile; ``HealthHistory`` keeps one JSON line
+per host and run on the machine running opsctl (the NRestarts baseline for the crash-loop check lives there).
+
+Exit codes: 0 when every host is OK, 1 when the worst is WARN, 2 when any host is CRIT (an unreachable host is
+CRIT). A check that does not apply to a host (no GPU expected, no HTTP port in replay mode) is ``skip`` and never
+changes the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from .errors import OpsError
+from .gate import LineVerdict, classify
+from .inventory import HostConfig
+from .parity import ParityLine, parse_line
+from .release import Manifest
+
+# ----------------------------------------------------------------------------------------------------------------
+# Levels and results
+
+
+class Level(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    CRIT = "crit"
+    SKIP = "skip"
+
+    @property
+    def severity(self) -> int:
+        """0/1/2 as in the exit codes; a skipped check weighs nothing."""
+        return {Level.OK: 0, Level.WARN: 1, Level.CRIT: 2, Level.SKIP: 0}[self]
+
+
+CHECK_NAMES = ("ssh", "unit", "http", "gpu", "drift", "parity", "disk", "lock", "clock")
+# A CRIT on one of these points at the release itself, so `--rollback-on-fail` may act on it. Disk, GPU, lock,
+# drift and clock problems are not fixed by switching releases and are left to a person.
+ROLLBACK_CHECKS = frozenset({"unit", "http", "parity"})
+CLOCK_SKEW_WARN_S = 30.0
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    level: Level
+    detail: str
+    value: float | None = None  # the figure the check looked at, for JSON/Prometheus
+
+
+@dataclass(frozen=True)
+class HostHealth:
+    host: str
+    checks: tuple[CheckResult, ...]
+    checked_at: float  # local epoch seconds
+    elapsed_s: float
+    n_restarts: int | None = None
+    invocation_id: str | None = None
+    release: str | None = None
+
+    @property
+    def level(self) -> Level:
+        worst = max((c.level.severity for c in self.checks), default=0)
+        return {0: Level.OK, 1: Level.WARN, 2: Level.CRIT}[worst]
+
+    def check(self, name: str) -> CheckResult | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    @property
+    def wants_rollback(self) -> bool:
+        return any(c.level is Level.CRIT and c.name in ROLLBACK_CHECKS for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "status": self.level.value,
+            "checked_at": self.checked_at,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "release": self.release,
+            "n_restarts": self.n_restarts,
+            "invocation_id": self.invocation_id,
+            "checks": {c.name: {"status": c.level.value, "detail": c.detail, "value": c.value} for c in self.checks},
+        }
+
+
+def exit_code(results: Iterable[HostHealth]) -> int:
+    return max((r.level.severity for r in results), default=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Facts (what a probe found; plain data so tests can build them by hand)
+
+
+@dataclass(frozen=True)
+class UnitFacts:
+    load_state: str = ""
+    active_state: str = ""
+    sub_state: str = ""
+    n_restarts: int | None = None
+    invocation_id: str = ""
+
+
+@dataclass(frozen=True)
+class HttpFacts:
+    status: int | None = None
+    elapsed_s: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    gpus: tuple[tuple[str, str], ...] = ()  # (name, compute capability)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class DriftFacts:
+    release: str | None = None
+    manifest: Mapping[str, str] | None = None  # relative path -> sha256, as the release's manifest.json says
+    actual: Mapping[str, str] = field(default_factory=dict)  # relative path -> sha256 found on the host
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ParitySample:
+    at: float  # host epoch seconds (journal timestamp)
+    line: ParityLine
+
+    @property
+    def label(self) -> str:
+        rank = f" TP{self.line.rank}" if self.line.rank is not None else ""
+        return f"L{self.line.layer}{rank}"
+
+    @property
+    def rel(self) -> float:
+        return self.line.rel
+
+
+@dataclass(frozen=True)
+class LockFacts:
+    present: bool = False
+    age_s: float | None = None
+    owner_host: str | None = None
+    owner_pid: int | None = None
+    owner_alive: bool | None = None  # None: the owner runs on another machine, so its pid cannot be checked
+    owner_text: str = ""
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    host: str
+    reachable: bool = True
+    error: str | None = None
+    unit: UnitFacts = field(default_factory=UnitFacts)
+    http: HttpFacts | None = None  # None: not probed (replay mode)
+    gpu: GpuFacts | None = None  # None: not probed (no GPU expected)
+    drift: DriftFacts = field(default_factory=DriftFacts)
+    parity: tuple[ParitySample, ...] = ()
+    parity_error: str | None = None
+    disk_free_mb: float | None = None
+    lock: LockFacts = field(default_factory=LockFacts)
+    host_time: float | None = None  # host epoch seconds when probed
+    local_time: float = 0.0  # local epoch seconds when the probe answered
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """What the last health run recorded for a host (from the local history)."""
+
+    n_restarts: int | None = None
+    invocation_id: str | None = None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pure evaluation
+
+
+def stale_lock_age_s(host: HostConfig) -> float:
+    """No honest deploy holds the lock longer than a build, two gates (deploy + rollback) and some slack."""
+    return host.build_timeout_s + 2 * host.gate.deadline_s + 600.0
+
+
+_LINE_LEVEL = {LineVerdict.PASS: Level.OK, LineVerdict.INCONCLUSIVE: Level.WARN, LineVerdict.FAIL: Level.CRIT}
+
+
+def classify_sample(sample: ParitySample, host: HostConfig) -> Level:
+    """The gate's own line classification (NaN or inf fails, never passes), as a health level."""
+    return _LINE_LEVEL[classify(sample.line, host.gate)]
+
+
+def evaluate(host: HostConfig, facts: HostFacts, previous: PreviousRun | None = None) -> HostHealth:
+    if not facts.reachable:
+        checks: tuple[CheckResult, ...] = (
+            CheckResult("ssh", Level.CRIT, facts.error or "unreachable"),
+            *(CheckResult(n, Level.SKIP, "host not reachable") for n in CHECK_NAMES[1:]),
+        )
+        return HostHealth(host.name, checks, facts.local_time, facts.elapsed_s, release=None)
+    checks = (
+        CheckResult("ssh", Level.OK, f"answered in {facts.elapsed_s:.2f}s", facts.elapsed_s),
+        check_unit(host, facts.unit, previous),
+        check_http(host, facts.http),
+        check_gpu(host, facts.gpu),
+        check_drift(facts.drift),
+        check_parity(host, facts.parity, facts.parity_error),
+        check_disk(host, facts.disk_free_mb),
+        check_lock(host, facts.lock),
+        check_clock(facts.host_time, facts.local_time),
+    )
+    return HostHealth(
+        host.name,
+        checks,
+        facts.local_time,
+        facts.elapsed_s,
+        n_restarts=facts.unit.n_restarts,
+        invocation_id=facts.unit.invocation_id or None,
+        release=facts.drift.release,
+    )
+
+
+def restarts_since(unit: UnitFacts, previous: PreviousRun | None) -> int | None:
+    """Automatic restarts since the last health run.
+
+    systemd resets NRestarts when the unit is started by hand (a deploy's restart), which also gives it a new
+    InvocationID; a counter that went down therefore means a fresh start, and everything it counts is new.
+    With no previous record, the counter itself is the best figure.
+    """
+    if unit.n_restarts is None:
+        return None
+    if previous is None or previous.n_restarts is None:
+        return unit.n_restarts
+    if unit.n_restarts < previous.n_restarts:
+        return unit.n_restarts
+    return unit.n_restarts - previous.n_restarts
+
+
+def check_unit(host: HostConfig, unit: UnitFacts, previous: PreviousRun | None) -> CheckResult:
+    state = f"{unit.active_state}/{unit.sub_state}" if unit.sub_state else unit.active_state or "unknown"
+    if unit.load_state == "not-found":
+        return CheckResult("unit", Level.CRIT, f"{host.unit} is not installed")
+    delta = restarts_since(unit, previous)
+    value = float(delta) if delta is not None else None
+    if unit.sub_state == "auto-restart" or unit.active_state == "failed":
+        return CheckResult("unit", Level.CRIT, f"{state}: crash loop or failed (NRestarts={unit.n_restarts})", value)
+    if unit.active_state != "active":
+        return CheckResult("unit", Level.CRIT, f"{state}: not running", value)
+    if delta is not None and delta > host.gate.max_restarts:
+        return CheckResult("unit", Level.CRIT, f"active, but restarted {delta}x since the last check", value)
+    if delta is not None and host.health.restarts_warn and delta >= host.health.restarts_warn:
+        return CheckResult("unit", Level.WARN, f"active, restarted {delta}x since the last check", value)
+    return CheckResult("unit", Level.OK, f"{state}, {delta or 0} restart(s) since the last check", value)
+
+
+def check_http(host: HostConfig, http: HttpFacts | None) -> CheckResult:
+    if host.service.mode == "replay" or http is None:
+        return CheckResult("http", Level.SKIP, "replay service has no HTTP port")
+    where = f":{host.service.port}{host.health.http_path}"
+    if http.error:
+        return CheckResult("http", Level.CRIT, f"{where}: {http.error}")
+    if http.status is None or not 200 <= http.status < 300:
+        return CheckResult("http", Level.CRIT, f"{where}: HTTP {http.status}", http.elapsed_s)
+    return CheckResult("http", Level.OK, f"{where}: HTTP {http.status} in {http.elapsed_s or 0:.2f}s", http.elapsed_s)
+
+
+def check_gpu(host: HostConfig, gpu: GpuFacts | None) -> CheckResult:
+    if host.gpu_arch is None:
+        return CheckResult("gpu", Level.SKIP, "no GPU expected")
+    if gpu is None or gpu.error:
+        return CheckResult("gpu", Level.CRIT, (gpu.error if gpu else None) or "not probed")
+    if not gpu.gpus:
+        return CheckResult("gpu", Level.CRIT, "nvidia-smi lists no GPU")
+    wrong = sorted({cap for _, cap in gpu.gpus if cap != host.gpu_arch})
+    if wrong:
+        return CheckResult(
+            "gpu", Level.CRIT, f"compute capability {', '.join(wrong)} where {host.gpu_arch} is expected"
+        )
+    return CheckResult("gpu", Level.OK, f"{len(gpu.gpus)}x {gpu.gpus[0][0]} (sm {host.gpu_arch})", len(gpu.gpus))
+
+
+def check_drift(drift: DriftFacts) -> CheckResult:
+    if drift.error:
+        return CheckResult("drift", Level.CRIT, drift.error)
+    if drift.manifest is None:
+        return CheckResult("drift", Level.CRIT, "no manifest.json in the current release")
+    missing = sorted(p for p in drift.manifest if p not in drift.actual)
+    changed = sorted(p for p, sha in drift.manifest.items() if p in drift.actual and drift.actual[p] != sha)
+    if missing or changed:
+        parts = []
+        if changed:
+            parts.append(f"{len(changed)} changed ({', '.join(changed[:3])}{'...' if len(changed) > 3 else ''})")
+        if missing:
+            parts.append(f"{len(missing)} missing ({', '.join(missing[:3])}{'...' if len(missing) > 3 else ''})")
+        return CheckResult("drift", Level.CRIT, "; ".join(parts), float(len(missing) + len(changed)))
+    return CheckResult("drift", Level.OK, f"{len(drift.manifest)} files match the manifest", 0.0)
+
+
+def check_parity(host: HostConfig, samples: Sequence[ParitySample], error: str | None) -> CheckResult:
+    window = host.health.parity_window_s
+    if error:
+        return CheckResult("parity", Level.WARN, f"journal not readable: {error}")
+    if not samples:
+        return CheckResult("parity", Level.WARN, f"no parity line from this invocation in the last {window}s")
+    failing = [s for s in samples if classify_sample(s, host) is Level.CRIT]
+    if failing:
+        worst = failing[-1]
+        return CheckResult(
+            "parity",
+            Level.CRIT,
+            f"{len(failing)}/{len(samples)} line(s) failing, last {worst.label} rel={worst.rel:.3g}",
+            worst.rel,
+        )
+    latest = max(samples, key=lambda s: s.at)
+    level = classify_sample(latest, host)
+    verdict = "pass" if level is Level.OK else "inconclusive"
+    return CheckResult(
+        "parity", level, f"latest {latest.label} rel={latest.rel:.3g} ({verdict}), {len(samples)} line(s)", latest.rel
+    )
+
+
+def check_disk(host: HostConfig, free_mb: float | None) -> CheckResult:
+    if free_mb is None:
+        return CheckResult("disk", Level.WARN, "free space unknown")
+    text = f"{free_mb / 1024:.1f} GiB free"
+    if free_mb < host.min_free_disk_mb:
+        return CheckResult("disk", Level.CRIT, f"{text} (< {host.min_free_disk_mb} MB needed to deploy)", free_mb)
+    if free_mb < host.health.disk_warn_mb:
+        return CheckResult("disk", Level.WARN, f"{text} (< {host.health.disk_warn_mb} MB)", free_mb)
+    return CheckResult("disk", Level.OK, text, free_mb)
+
+
+def check_lock(host: HostConfig, lock: LockFacts) -> CheckResult:
+    if not lock.present:
+        return CheckResult("lock", Level.OK, "free")
+    owner = f"{lock.owner_host or '?'}:{lock.owner_pid or '?'}"
+    age = lock.age_s or 0.0
+    release_hint = f"check and run `opsctl lock {host.name} release --force`"
+    if lock.owner_alive is False:
+        return CheckResult("lock", Level.CRIT, f"stale: owner {owner} is dead ({age:.0f}s old); {release_hint}", age)
+    if age > stale_lock_age_s(host):
+        return CheckResult(
+            "lock", Level.WARN, f"held by {owner} for {age:.0f}s, longer than any deploy; {release_hint}", age
+        )
+    return CheckResult("lock", Level.OK, f"held by {owner} for {age:.0f}s (deploy in progress)", age)
+
+
+def check_clock(host_time: float | None, local_time: float) -> CheckResult:
+    if host_time is None:
+        return CheckResult("clock", Level.SKIP, "host time unknown")
+    skew = host_time - local_time
+    if abs(skew) > CLOCK_SKEW_WARN_S:
+        return CheckResult("clock", Level.WARN, f"host clock off by {skew:+.0f}s (journal windows use host time)", skew)
+    return CheckResult("clock", Level.OK, f"{skew:+.1f}s", skew)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Renderers
+
+
+_STYLE = {Level.OK: "green", Level.WARN: "yellow", Level.CRIT: "bold red", Level.SKIP: "dim"}
+
+
+def render_table(results: Sequence[HostHealth]) -> Table:
+    table = Table(title="opsctl health", show_lines=False)
+    table.add_column("host", style="bold")
+    table.add_column("status")
+    for name in CHECK_NAMES[1:]:
+        table.add_column(name)
+    table.add_column("time", justify="right")
+    for r in results:
+        row: list[Text | str] = [r.host, Text(r.level.value.upper(), style=_STYLE[r.level])]
+        ssh = r.check("ssh")
+        unreachable = ssh is not None and ssh.level is Level.CRIT
+        for name in CHECK_NAMES[1:]:
+            c = r.check(name)
+            if c is None:
+                row.append("")
+            elif unreachable and name == "unit":
+                row.append(Text(ssh.detail if ssh else "", style=_STYLE[Level.CRIT]))
+            else:
+                label = c.level.value if c.level in (Level.OK, Level.SKIP) else f"{c.level.value}: {c.detail}"
+                row.append(Text(label if c.level is not Level.SKIP else "n/a", style=_STYLE[c.level]))
+        row.append(f"{r.elapsed_s:.2f}s")
+        table.add_row(*row)
+    return table
+
+
+def details(results: Sequence[HostHealth]) -> list[str]:
+    """One line per check that is not OK, for people reading below the table."""
+    lines = []
+    for r in results:
+        for c in r.checks:
+            if c.level in (Level.WARN, Level.CRIT):
+                lines.append(f"{r.host} {c.name} {c.level.value.upper()}: {c.detail}")
+    return lines
+
+
+def to_json(results: Sequence[HostHealth]) -> dict[str, Any]:
+    return {"status": ["ok", "warn", "crit"][exit_code(results)], "hosts": [r.to_dict() for r in results]}
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render_prometheus(results: Sequence[HostHealth]) -> str:
+    """node_exporter textfile-collector format. Skipped checks are left out (no sample means n/a)."""
+    metrics: list[tuple[str, str, list[tuple[dict[str, str], float]]]] = [
+        ("opsctl_health_status", "Overall host health: 0 OK, 1 WARN, 2 CRIT.", []),
+        ("opsctl_health_check_status", "One check on one host: 0 OK, 1 WARN, 2 CRIT.", []),
+        ("opsctl_health_check_duration_seconds", "Wall time of the health probe of a host.", []),
+        ("opsctl_health_last_run_timestamp_seconds", "When the host was last checked (epoch seconds).", []),
+        ("opsctl_health_unit_restarts", "Automatic restarts of the service unit since the last check.", []),
+        ("opsctl_health_parity_rel", "Relative error of the parity line the parity check judged.", []),
+        ("opsctl_health_disk_free_bytes", "Free bytes on the release root's filesystem.", []),
+    ]
+    by_name = {m[0]: m[2] for m in metrics}
+    for r in results:
+        host = {"host": r.host}
+        by_name["opsctl_health_status"].append((host, float(r.level.severity)))
+        for c in r.checks:
+            if c.level is not Level.SKIP:
+                by_name["opsctl_health_check_status"].append(({**host, "check": c.name}, float(c.level.severity)))
+        by_name["opsctl_health_check_duration_seconds"].append((host, r.elapsed_s))
+        by_name["opsctl_health_last_run_timestamp_seconds"].append((host, r.checked_at))
+        for check, metric, scale in (
+            ("unit", "opsctl_health_unit_restarts", 1.0),
+            ("parity", "opsctl_health_parity_rel", 1.0),
+            ("disk", "opsctl_health_disk_free_bytes", 1024.0 * 1024.0),
+        ):
+            c = r.check(check)
+            if c is not None and c.value is not None and c.level is not Level.SKIP:
+                by_name[metric].append((host, c.value * scale))
+    out: list[str] = []
+    for name, help_text, samples in metrics:
+        if not samples:
+            continue
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} gauge")
+        for labels, value in samples:
+            text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+            out.append(f"{name}{{{text}}} {_number(value)}")
+    return "\n".join(out) + "\n"
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write next to the target and rename, so a collector never reads half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Local state: health history
+
+
+def state_dir() -> Path:
+    """$OPSCTL_STATE_DIR, else $XDG_STATE_HOME/kdtree-engine, else ~/.local/state/kdtree-engine."""
+    explicit = os.environ.get("OPSCTL_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "kdtree-engine"
+
+
+class HealthHistory:
+    """Append-only JSON lines, one per host and run. Only the tail is read back (the newest run of each host)."""
+
+    TAIL_BYTES = 1 << 20
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or state_dir() / "health-history.jsonl"
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - self.TAIL_BYTES))
+                data = f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for line in data.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a torn first line of the tail, or a line cut by a crash
+            if isinstance(rec, dict) and isinstance(rec.get("host"), str):
+                out[rec["host"]] = rec
+        return out
+
+    def previous(self, host: str) -> PreviousRun | None:
+        rec = self.latest().get(host)
+        if rec is None:
+            return None
+        return PreviousRun(n_restarts=rec.get("n_restarts"), invocation_id=rec.get("invocation_id"))
+
+    def append(self, results: Iterable[HostHealth]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lines = "".join(json.dumps(r.to_dict(), sort_keys=True) + "\n" for r in results)
+        # One write of whole lines in append mode: concurrent runs interleave lines, never halves of them.
+        with open(self.path, "a") as f:
+            f.write(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Probe: the I/O edge. One SSH round trip runs PROBE_SCRIPT with the host's parameters as JSON and reads back JSON.
+
+PROBE_SCRIPT = r"""
+import hashlib, json, os, subprocess, sys, time, urllib.request
+p = json.loads(sys.argv[1])
+out = {"host_time": time.time()}
+
+def run(argv, timeout=20):
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout, r.stderr
+    except FileNotFoundError:
+        return 127, "", argv[0] + ": not found"
+    except subprocess.TimeoutExpired:
+        return 124, "", argv[0] + ": timed out"
+
+rc, so, se = run(["systemctl", "show", p["unit"], "--property=LoadState,ActiveState,SubState,NRestarts,InvocationID"])
+out["unit"] = dict(l.split("=", 1) for l in so.splitlines() if "=" in l)
+inv = out["unit"].get("InvocationID", "")
+
+if p["http_url"]:
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(p["http_url"], timeout=p["http_timeout"]) as r:
+            out["http"] = {"status": r.status, "elapsed_s": time.monotonic() - t0}
+    except urllib.error.HTTPError as e:
+        out["http"] = {"status": e.code, "elapsed_s": time.monotonic() - t0}
+    except Exception as e:
+        out["http"] = {"error": type(e).__name__ + ": " + str(e)[:200], "elapsed_s": time.monotonic() - t0}
+
+if p["gpu"]:
+    rc, so, se = run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"])
+    out["gpu"] = {"rc": rc, "stdout": so, "stderr": se[-500:]}
+
+root = p["root"]
+cur = os.path.join(root, "current")
+try:
+    target = os.readlink(cur)
+    out["release"] = os.path.basename(target.rstrip("/"))
+    base = os.path.realpath(cur)
+    hashes = {}
+    for d, dirs, files in os.walk(base):
+        dirs[:] = sorted(x for x in dirs if x not in ("__pycache__",))
+        for f in files:
+            full = os.path.join(d, f)
+            rel = os.path.relpath(full, base)
+            if os.path.islink(full) or not os.path.isfile(full) or rel == "manifest.json":
+                continue
+            if os.path.getsize(full) > p["max_hash_bytes"]:
+                hashes[rel] = "too-large"
+                continue
+            h = hashlib.sha256()
+            with open(full, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            hashes[rel] = h.hexdigest()
+    out["hashes"] = hashes
+    try:
+        with open(os.path.join(base, "manifest.json")) as fh:
+            out["manifest"] = fh.read(4 << 20)
+    except OSError as e:
+        out["manifest_error"] = str(e)
+except OSError as e:
+    out["release_error"] = str(e)
+
+if inv:
+    argv = ["journalctl", "-u", p["unit"], "_SYSTEMD_INVOCATION_ID=" + inv, "--since", "-%ds" % p["window"],
+            "-o", "json", "--output-fields=MESSAGE", "--no-pager", "-q"]
+    rc, so, se = run(argv)
+    if rc != 0:
+        out["journal_error"] = (se.strip() or "journalctl exited %d" % rc)[-300:]
+    else:
+        lines = []
+        for l in so.splitlines():
+            try:
+                e = json.loads(l)
+            except ValueError:
+                continue
+            m = e.get("MESSAGE")
+            if isinstance(m, list):
+                m = bytes(m).decode("utf-8", "replace")
+            if isinstance(m, str) and "[kdtree]" in m:
+                lines.append([int(e.get("__REALTIME_TIMESTAMP", "0")) / 1e6, m])
+        out["parity_lines"] = lines[-p["max_lines"]:]
+
+d = root
+while not os.path.isdir(d) and d != "/":
+    d = os.path.dirname(d)
+st = os.statvfs(d)
+out["disk_free_mb"] = st.f_bavail * st.f_frsize / 1048576
+
+lock = os.path.join(root, "state", "lock")
+if os.path.lexists(lock):
+    info = {"age_s": time.time() - os.lstat(lock).st_mtime, "text": ""}
+    try:
+        if os.path.isdir(lock):
+            for name in sorted(os.listdir(lock))[:8]:
+                with open(os.path.join(lock, name), errors="replace") as fh:
+                    info["text"] += fh.read(4096)
+        else:
+            with open(lock, errors="replace") as fh:
+                info["text"] = fh.read(4096)
+    except OSError as e:
+        info["text"] = "unreadable: " + str(e)
+    out["lock"] = info
+print(json.dumps(out))
+"""
+
+
+def probe_command(host: HostConfig) -> str:
+    params = {
+        "unit": host.unit,
+        "root": host.root,
+        "http_url": None
+        if host.service.mode == "replay"
+        else f"http://127.0.0.1:{host.service.port}{host.health.http_path}",
+        "http_timeout": host.health.http_timeout_s,
+        "gpu": host.gpu_arch is not None,
+        "window": host.health.parity_window_s,
+        "max_lines": 2000,
+        "max_hash_bytes": 512 << 20,
+    }
+    # The host's own python3 (every host has one; sglang's venv python is not needed for a read-only probe).
+    return f"python3 -c {shlex.quote(PROBE_SCRIPT)} {shlex.quote(json.dumps(params))}"
+
+
+def facts_from_probe(
+    host: HostConfig,
+    raw: Mapping[str, Any],
+    *,
+    local_time: float,
+    elapsed_s: float,
+    lock_owner: Callable[[str], tuple[str | None, int | None]],
+    pid_alive: Callable[[int], bool],
+    local_hostname: str,
+) -> HostFacts:
+    """The probe's JSON -> HostFacts. The format knowledge of other modules comes in as functions."""
+    u = raw.get("unit") or {}
+    n_restarts = u.get("NRestarts")
+    unit = UnitFacts(
+        load_state=u.get("LoadState", ""),
+        active_state=u.get("ActiveState", ""),
+        sub_state=u.get("SubState", ""),
+        n_restarts=int(n_restarts) if isinstance(n_restarts, str) and n_restarts.isdigit() else None,
+        invocation_id=u.get("InvocationID", ""),
+    )
+    http = None
+    if "http" in raw:
+        h = raw["http"]
+        http = HttpFacts(status=h.get("status"), elapsed_s=h.get("elapsed_s"), error=h.get("error"))
+    gpu = None
+    if "gpu" in raw:
+        g = raw["gpu"]
+        if g.get("rc") != 0:
+            gpu = GpuFacts(error=f"nvidia-smi failed (rc {g.get('rc')}): {(g.get('stderr') or '').strip()[-200:]}")
+        else:
+            rows = tuple(
+                (parts[0].strip(), parts[-1].strip())
+                for line in g.get("stdout", "").splitlines()
+                if (parts := line.split(",")) and len(parts) >= 2
+            )
+            gpu = GpuFacts(gpus=rows)
+    if "release_error" in raw:
+        drift = DriftFacts(error=f"no current release under {host.root}: {raw['release_error']}")
+    elif "manifest" in raw:
+        try:
+            manifest: Mapping[str, str] | None = {f.path: f.sha256 for f in Manifest.from_json(raw["manifest"]).files}
+            drift = DriftFacts(release=raw.get("release"), manifest=manifest, actual=raw.get("hashes") or {})
+        except (ValueError, KeyError, TypeError) as e:
+            drift = DriftFacts(release=raw.get("release"), error=f"manifest.json unreadable: {e}")
+    else:
+        drift = DriftFacts(release=raw.get("release"), error=f"manifest.json missing: {raw.get('manifest_error')}")
+    samples = []
+    for at, message in raw.get("parity_lines") or ():
+        parsed = parse_line(message)
+        if isinstance(parsed, ParityLine):
+            samples.append(ParitySample(at=float(at), line=parsed))
+    lock = LockFacts()
+    if "lock" in raw:
+        text = raw["lock"].get("text", "")
+        owner_host, owner_pid = lock_owner(text)
+        alive = pid_alive(owner_pid) if owner_pid is not None and owner_host == local_hostname else None
+        lock = LockFacts(
+            present=True,
+            age_s=raw["lock"].get("age_s"),
+            owner_host=owner_host,
+            owner_pid=owner_pid,
+            owner_alive=alive,
+            owner_text=text[:500],
+        )
+    return HostFacts(
+        host=host.name,
+        unit=unit,
+        http=http,
+        gpu=gpu,
+        drift=drift,
+        parity=tuple(samples),
+        parity_error=raw.get("journal_error"),
+        disk_free_mb=raw.get("disk_free_mb"),
+        lock=lock,
+        host_time=raw.get("host_time"),
+        local_time=local_time,
+        elapsed_s=elapsed_s,
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def local_hostname() -> str:
+    return socket.gethostname()
+
+
+@dataclass(frozen=True)
+class HealthRun:
+    results: tuple[HostHealth, ...]
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.results)
+
+
+ProbeFn = Callable[[HostConfig], HostFacts]
+
+
+def check_hosts(
+    hosts: Sequence[HostConfig],
+    probe: ProbeFn,
+    history: HealthHistory | None = None,
+    *,
+    max_workers: int = 16,
+) -> HealthRun:
+    """Probe every host (in parallel), evaluate against the history, append the new records."""
+    latest = history.latest() if history else {}
+
+    def one(host: HostConfig) -> HostHealth:
+        rec = latest.get(host.name)
+        previous = PreviousRun(rec.get("n_restarts"), rec.get("invocation_id")) if rec else None
+        return evaluate(host, probe(host), previous)
+
+    workers = max(1, min(max_workers, len(hosts)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="health") as pool:
+        results = tuple(pool.map(one, hosts))
+    if history is not None:
+        history.append(results)
+    return HealthRun(results)
+
+
+def unreachable_facts(host: HostConfig, error: OpsError | Exception, elapsed_s: float) -> HostFacts:
+    msg = error.message if isinstance(error, OpsError) else str(error)
+    return HostFacts(host=host.name, reachable=False, error=msg, local_time=time.time(), elapsed_s=elapsed_s)
+
+
+def as_dict(facts: HostFacts) -> dict[str, Any]:
+    return asdict(facts)
