@@ -795,6 +795,47 @@ def check_hosts(
     return HealthRun(results)
 
 
+def lock_owner(text: str) -> tuple[str | None, int | None]:
+    """hoststate's owner.json -> (client hostname, pid); anything unreadable -> unknown owner."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    pid = doc.get("pid")
+    client = doc.get("client")
+    return (client if isinstance(client, str) else None), (pid if isinstance(pid, int) else None)
+
+
+def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFacts:
+    """Probe one host in one SSH round trip. Any SSH failure is an unreachable host, never an exception."""
+    from .ssh import connect  # the SSH layer pulls in paramiko; the pure parts above do not need it
+
+    t0 = time.monotonic()
+    try:
+        with connect(host, accept_new_host_key=accept_new_host_key) as r:
+            res = r.run(probe_command(host), timeout=host.health.http_timeout_s + 60, check=True)
+        raw = json.loads(res.stdout)
+        if not isinstance(raw, dict):
+            raise ValueError("probe answered something other than a JSON object")
+    except OpsError as e:
+        return unreachable_facts(host, e, time.monotonic() - t0)
+    except ValueError as e:
+        return unreachable_facts(
+            host, OpsError(f"{host.name}: health probe output unreadable: {e}"), time.monotonic() - t0
+        )
+    return facts_from_probe(
+        host,
+        raw,
+        local_time=time.time(),
+        elapsed_s=time.monotonic() - t0,
+        lock_owner=lock_owner,
+        pid_alive=pid_alive,
+        local_hostname=local_hostname(),
+    )
+
+
 def unreachable_facts(host: HostConfig, error: OpsError | Exception, elapsed_s: float) -> HostFacts:
     msg = error.message if isinstance(error, OpsError) else str(error)
     return HostFacts(host=host.name, reachable=False, error=msg, local_time=time.time(), elapsed_s=elapsed_s)
