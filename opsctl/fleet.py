@@ -271,3 +271,69 @@ def summary_line(report: RolloutReport) -> str:
         else "roll-out finished with failures"
     )
     return f"{head} ({text}) in {report.elapsed_s:.1f}s"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Adapters from the single-host pipeline (opsctl.deploy) to roll-out actions. Imported lazily: planning and the
+# report need no SSH stack.
+
+
+class LineReporter:
+    """A deploy Reporter for hosts running side by side: one prefixed line per event instead of a live display."""
+
+    def __init__(self, host: str, emit: Progress) -> None:
+        self.host = host
+        self.emit = emit
+
+    def step(self, name: str, detail: str = "") -> None:
+        self.emit(f"{self.host}: {name}..." + (f" {detail}" if detail else ""))
+
+    def done(self, name: str, detail: str = "") -> None:
+        self.emit(f"{self.host}: {name} done" + (f" ({detail})" if detail else ""))
+
+    def failed(self, name: str, detail: str = "") -> None:
+        self.emit(f"{self.host}: {name} FAILED" + (f" ({detail})" if detail else ""))
+
+    def info(self, message: str) -> None:
+        self.emit(f"{self.host}: {message}")
+
+    def parity(self, line: object, verdict: str) -> None:
+        layer = getattr(line, "layer", "?")
+        rel = getattr(line, "rel", float("nan"))
+        self.emit(f"{self.host}: parity L{layer} rel={rel:.3g} {verdict}")
+
+
+def outcome_from_result(result: object) -> HostOutcome:
+    """opsctl.deploy.DeployResult -> HostOutcome (duck-typed to keep this module free of the SSH stack)."""
+    verdict = str(getattr(result, "verdict", "?"))
+    rolled_back_to = getattr(result, "rolled_back_to", None)
+    if rolled_back_to:
+        verdict += f", rolled back to {rolled_back_to}: {getattr(result, 'rollback_verdict', None) or '?'}"
+    return HostOutcome(
+        host=str(getattr(result, "host", "?")),
+        outcome=Outcome.OK if getattr(result, "ok", False) else Outcome.FAILED,
+        release=getattr(result, "current_after", None) or getattr(result, "release", None),
+        verdict=verdict,
+        elapsed_s=float(getattr(result, "elapsed_s", 0.0)),
+        detail=str(getattr(result, "reason", "") or ""),
+    )
+
+
+def deploy_action(src: object, opts: object, emit: Progress, **kwargs: object) -> Action:
+    """Action deploying ``src`` with ``opts`` (opsctl.deploy.DeployOptions) to one host; kwargs go to deploy()."""
+    from . import deploy as pipeline
+
+    def act(host: HostConfig) -> HostOutcome:
+        return outcome_from_result(pipeline.deploy(host, src, opts, LineReporter(host.name, emit), **kwargs))  # type: ignore[arg-type]
+
+    return act
+
+
+def rollback_action(emit: Progress, **kwargs: object) -> Action:
+    """Action rolling one host back (kwargs go to opsctl.deploy.rollback: to, force, gate, gate_timeout_s)."""
+    from . import deploy as pipeline
+
+    def act(host: HostConfig) -> HostOutcome:
+        return outcome_from_result(pipeline.rollback(host, LineReporter(host.name, emit), **kwargs))  # type: ignore[arg-type]
+
+    return act

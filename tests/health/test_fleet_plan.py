@@ -173,3 +173,36 @@ def test_report_table_and_summary() -> None:
     text = console.export_text()
     assert "skipped" in text and "FAIL" in text and "rOLD" in text
     assert summary_line(report).startswith("roll-out stopped: canary h1")
+
+
+def test_outcome_from_a_deploy_result_shape() -> None:
+    from dataclasses import dataclass
+
+    from opsctl.fleet import LineReporter, outcome_from_result
+
+    @dataclass
+    class Result:  # the fields of opsctl.deploy.DeployResult that the roll-out reads
+        host: str
+        verdict: str
+        ok: bool
+        release: str | None = "rNEW"
+        current_after: str | None = None
+        rolled_back_to: str | None = None
+        rollback_verdict: str | None = None
+        reason: str = ""
+        elapsed_s: float = 3.0
+
+    good = outcome_from_result(Result("h1", "PASS", True, current_after="rNEW"))
+    assert good.outcome is Outcome.OK and good.release == "rNEW" and good.elapsed_s == 3.0
+    bad = outcome_from_result(
+        Result(
+            "h2", "FAIL", False, current_after="rOLD", rolled_back_to="rOLD", rollback_verdict="PASS", reason="rel 1.08"
+        )
+    )
+    assert bad.outcome is Outcome.FAILED and bad.release == "rOLD"
+    assert bad.verdict == "FAIL, rolled back to rOLD: PASS" and bad.detail == "rel 1.08"
+    lines: list[str] = []
+    rep = LineReporter("h2", lines.append)
+    rep.step("upload")
+    rep.failed("gate", "FAIL")
+    assert lines == ["h2: upload...", "h2: gate FAILED (FAIL)"]
