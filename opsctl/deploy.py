@@ -1,0 +1,922 @@
+"""The deploy pipeline of design.md s.5 for one host: plan (pure) -> execute (SSH), plus rollback, restart,
+adopt and the gate loop.
+
+Every remote command is a list (shlex.join'ed by the SSH layer) or a string built with shlex.quote. Progress goes
+to a ``Reporter`` (the CLI's rich one, or a recording one in tests); the result is a ``DeployResult``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shlex
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import hoststate as hs
+from . import unit as unitmod
+from .errors import DeployFailed, GateFailed, OpsError, SshError
+from .gate import GateState, Verdict
+from .hoststate import HostSnapshot, Layout, LockOwner
+from .inventory import HostConfig
+from .journal import Follower, Mark, mark_command, parse_mark
+from .parity import ParityLine, parse_line
+from .release import Manifest, make_manifest, stage
+
+PRE_RESTART_PARITY_STEPS = 3
+PARITY_TIMEOUT_S = 600.0
+BUILD_EXIT_NO_CUDA = 3
+PARITY_EXIT_FAIL = 3
+EXT_SUBDIR = "kernel/build"
+
+
+# ------------------------------------------------------------------------------------------------ reporting
+
+
+class Reporter(Protocol):
+    def step(self, name: str, detail: str = "") -> None: ...
+    def done(self, name: str, detail: str = "") -> None: ...
+    def failed(self, name: str, detail: str = "") -> None: ...
+    def info(self, message: str) -> None: ...
+    def parity(self, line: ParityLine, verdict: str) -> None: ...
+
+
+class NullReporter:
+    def step(self, name: str, detail: str = "") -> None: ...
+    def done(self, name: str, detail: str = "") -> None: ...
+    def failed(self, name: str, detail: str = "") -> None: ...
+    def info(self, message: str) -> None: ...
+    def parity(self, line: ParityLine, verdict: str) -> None: ...
+
+
+@dataclass
+class StepTimer:
+    """Wall time per step (for the progress display and the measurements in the issue note)."""
+
+    times: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def timed(self, reporter: Reporter, name: str, detail: str = "") -> Iterator[dict[str, str]]:
+        note: dict[str, str] = {}
+        reporter.step(name, detail)
+        t = time.monotonic()
+        try:
+            yield note
+        except BaseException as e:
+            self.times[name] = self.times.get(name, 0.0) + time.monotonic() - t
+            reporter.failed(name, note.get("detail") or _short(e))
+            raise
+        self.times[name] = self.times.get(name, 0.0) + time.monotonic() - t
+        reporter.done(name, note.get("detail", ""))
+
+
+def _short(e: BaseException) -> str:
+    if isinstance(e, OpsError):
+        return e.message
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    return f"{type(e).__name__}: {e}"
+
+
+# ------------------------------------------------------------------------------------------------ results
+
+
+@dataclass
+class DeployResult:
+    host: str
+    action: str
+    release: str | None  # the release that was deployed / restarted / rolled back to
+    verdict: str  # PASS, FAIL, NODATA, INCONCLUSIVE, ERROR, UP-TO-DATE, STAGED, PLANNED, ROLLED-BACK, ...
+    reason: str = ""
+    current_after: str | None = None
+    rolled_back_to: str | None = None
+    rollback_verdict: str | None = None
+    gate: dict[str, Any] | None = None
+    step_times: dict[str, float] = field(default_factory=dict)
+    bytes_sent: int | None = None
+    elapsed_s: float = 0.0
+    plan: Plan | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in ("PASS", "UP-TO-DATE", "STAGED", "PLANNED", "ADOPTED", "DONE")
+
+    def line(self) -> str:
+        """The one-line verdict."""
+        s = f"{self.host}: {self.action} {self.release or '-'} -> {self.verdict}"
+        if self.reason:
+            s += f" ({self.reason})"
+        if self.rolled_back_to:
+            s += f"; rolled back to {self.rolled_back_to}: {self.rollback_verdict}"
+        return s + f" [{self.elapsed_s:.1f}s]"
+
+
+# ------------------------------------------------------------------------------------------------ plan (pure)
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    dry_run: bool = False
+    no_restart: bool = False
+    gate_timeout_s: float | None = None
+    force: bool = False
+    skip_prerestart_parity: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    host: str
+    release: str
+    previous: str | None
+    steps: tuple[str, ...]
+    notes: tuple[str, ...]
+    refusal: str | None = None
+    up_to_date: bool = False
+    link_dest: str | None = None
+
+    def describe(self) -> list[str]:
+        head = f"deploy {self.release} to {self.host} (current: {self.previous or 'none'})"
+        return [head, *(f"  {i}. {s}" for i, s in enumerate(self.steps, 1)), *(f"  note: {n}" for n in self.notes)]
+
+
+def make_plan(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: DeployOptions) -> Plan:
+    """What a deploy would do on this host, or why it refuses. No I/O."""
+    notes: list[str] = []
+    layout = Layout(host.root)
+    refusal = None
+    if not snap.is_managed and not snap.is_virgin:
+        found = []
+        if snap.unit.exists:
+            found.append(f"unit {host.unit} ({snap.unit.fragment_path or snap.unit.load_state})")
+        if snap.root_exists:
+            found.append(f"directory {host.root}")
+        refusal = (
+            f"{host.name} has an install opsctl does not manage ({', '.join(found)}). Record it first with "
+            f"`opsctl adopt {host.name}` (it becomes release zero, the rollback target)."
+        )
+    elif snap.lock_present:
+        refusal = f"{host.name}: the deploy lock is held by {hs.describe_owner(snap.lock_owner)}"
+    elif snap.free_mb is not None and snap.free_mb < host.min_free_disk_mb:
+        refusal = f"{host.name}: only {snap.free_mb} MB free under {host.root} (need {host.min_free_disk_mb} MB)"
+    elif host.gpu_arch is not None and host.gpu_arch not in snap.gpu_compute_caps:
+        seen = ", ".join(snap.gpu_compute_caps) or "no GPU visible to nvidia-smi"
+        refusal = f"{host.name}: inventory says gpu_arch {host.gpu_arch} but the host reports {seen}"
+    elif manifest.id in snap.bad and not opts.force:
+        refusal = (
+            f"{host.name}: release {manifest.id} is marked bad there (a failed gate); use --force to deploy it anyway"
+        )
+    up_to_date = refusal is None and manifest.id == snap.current and not opts.force
+    if snap.unit.drop_in_paths:
+        notes.append(f"drop-ins override parts of the unit: {snap.unit.drop_in_paths}")
+    if snap.is_virgin:
+        notes.append(f"virgin host (no unit, no {host.root}): first deploy creates both")
+    if manifest.dirty:
+        notes.append("the working tree has uncommitted changes (recorded in the manifest)")
+    link_dest = layout.release(snap.current) if snap.current and snap.current in snap.releases else None
+    steps = [
+        "preflight: ssh, GPU compute capability, disk, unit, lock",
+        f"lock {layout.lock}",
+        f"upload into {layout.release(manifest.id)}"
+        + (f" (hard-linking unchanged files from {snap.current})" if link_dest else ""),
+        "verify manifest sha256 on the host",
+        f"build the extension (arch {host.gpu_arch or 'none: reference path'}, timeout {host.build_timeout_s:g}s)",
+    ]
+    if not opts.skip_prerestart_parity:
+        steps.append(f"pre-restart parity ({PRE_RESTART_PARITY_STEPS} replay steps, rel < {host.gate.fail_rel:g})")
+    steps += [
+        f"switch {layout.current} -> releases/{manifest.id}",
+        f"install {unitmod.unit_path(host)} (daemon-reload if changed)",
+    ]
+    if not opts.no_restart:
+        deadline = opts.gate_timeout_s or host.gate.deadline_s
+        steps += [
+            f"restart {host.unit}",
+            f"gate: {host.gate.consecutive_passes} consecutive parity passes within {deadline:g}s, else roll back to {snap.current or 'nothing'}",
+        ]
+    steps.append(f"unlock, record, keep {host.keep_releases} releases")
+    return Plan(
+        host=host.name,
+        release=manifest.id,
+        previous=snap.current,
+        steps=tuple(steps),
+        notes=tuple(notes),
+        refusal=refusal,
+        up_to_date=up_to_date,
+        link_dest=link_dest,
+    )
+
+
+def rollback_target(snap: HostSnapshot, to: str | None, force: bool, history: list[dict[str, Any]]) -> str:
+    """Where `opsctl rollback` goes: --to ID, else the newest good release other than current. Pure."""
+    if to is not None:
+        hs.check_id(to)
+        if to not in snap.releases:
+            raise DeployFailed(f"release {to} is not on the host (have: {', '.join(sorted(snap.releases)) or 'none'})")
+        if to in snap.bad and not force:
+            raise DeployFailed(f"release {to} is marked bad; use --force to roll back to it anyway")
+        if to == snap.current:
+            raise DeployFailed(f"release {to} is already current")
+        return to
+    passed = [r["release"] for r in history if r.get("verdict") == "PASS" or r.get("event") == "adopt"]
+    candidates = [r for r in reversed(passed) if r != snap.current and r in snap.releases and r not in snap.bad]
+    if (
+        snap.last_good
+        and snap.last_good != snap.current
+        and snap.last_good in snap.releases
+        and snap.last_good not in snap.bad
+    ):
+        candidates.insert(0, snap.last_good)
+    if not candidates:
+        raise DeployFailed(
+            "nothing to roll back to: no other release on the host has passed a gate"
+            + (f" (current is {snap.current})" if snap.current else " (no release deployed yet)")
+        )
+    return candidates[0]
+
+
+# ------------------------------------------------------------------------------------------------ sessions
+
+
+Connect = Callable[[HostConfig], contextlib.AbstractContextManager[Any]]
+
+
+def default_connect(host: HostConfig) -> contextlib.AbstractContextManager[Any]:
+    from .ssh import connect
+
+    return connect(host)
+
+
+class Session:
+    """One SSH connection that is re-opened after a drop (the gate keeps going across reconnects)."""
+
+    def __init__(self, host: HostConfig, connect: Connect = default_connect) -> None:
+        self.host = host
+        self._connect = connect
+        self._stack: contextlib.ExitStack | None = None
+        self._remote: Any = None
+
+    @property
+    def r(self) -> Any:
+        if self._remote is None:
+            stack = contextlib.ExitStack()
+            self._remote = stack.enter_context(self._connect(self.host))
+            self._stack = stack
+        return self._remote
+
+    def drop(self) -> None:
+        stack, self._stack, self._remote = self._stack, None, None
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                stack.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.drop()
+
+
+# ------------------------------------------------------------------------------------------------ gate loop
+
+
+def _mark(r: Any, host: HostConfig) -> Mark:
+    return parse_mark(r.run(mark_command(host.unit), timeout=60).stdout)
+
+
+def restart_unit(r: Any, host: HostConfig) -> Mark:
+    """Record the journal position + old invocation, restart, and read the restart counter baseline."""
+    m = _mark(r, host)
+    u = host.unit + ".service"
+    out = r.run(
+        f"systemctl restart {shlex.quote(u)} && systemctl show -p NRestarts --value {shlex.quote(u)}",
+        timeout=host.service.start_timeout_s + 60,
+    ).stdout.strip()
+    return Mark(old_invocation=m.old_invocation, cursor=m.cursor, n_restarts=int(out or 0))
+
+
+def run_gate(
+    session: Session,
+    host: HostConfig,
+    mark: Mark,
+    reporter: Reporter,
+    *,
+    deadline_s: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> GateState:
+    """Poll the unit and its new invocation's journal until the gate decides."""
+    settings = host.gate
+    expected = host.service.tp if host.service.mode == "sglang" else None
+    state = GateState(
+        settings=settings,
+        started_at=clock(),
+        deadline_s=deadline_s or settings.deadline_s,
+        baseline_restarts=mark.n_restarts,
+        expected_ranks=expected,
+    )
+    follower = Follower(unit=host.unit, mark=mark)
+    while True:
+        now = clock()
+        try:
+            res = session.r.run(follower.poll_command(), timeout=max(30.0, settings.poll_interval_s * 4), check=False)
+            if res.rc != 0 and "--- opsctl journal ---" not in res.stdout:
+                raise DeployFailed(f"journal poll exited {res.rc}: {res.stderr.strip()[-300:]}")
+            obs, entries = follower.ingest(res.stdout)
+            for entry in entries:
+                rec = parse_line(entry.message)
+                if isinstance(rec, ParityLine):
+                    verdict = state.feed(rec, clock())
+                    reporter.parity(rec, str(verdict))
+            state.observe_unit(obs, clock())
+        except SshError as e:
+            session.drop()
+            state.ssh_failed(e.message, now)
+            reporter.info(f"SSH trouble during the gate ({e.message}); retrying from the journal cursor")
+        state.tick(clock())
+        if state.decided:
+            break
+        sleep(settings.poll_interval_s)
+    with contextlib.suppress(Exception):
+        cursor_doc = (
+            f'{{"unit": "{host.unit}", "cursor": "{follower.cursor or ""}", "invocations": {follower.invocations!r}}}\n'
+        )
+        session.r.write_file(f"{Layout(host.root).cursors}/gate.json", cursor_doc.replace("'", '"').encode())
+    return state
+
+
+# ------------------------------------------------------------------------------------------------ executor
+
+
+def _read_unit_text(r: Any, host: HostConfig) -> str | None:
+    res = r.run(f"cat {shlex.quote(unitmod.unit_path(host))} 2>/dev/null", timeout=60, check=False)
+    return res.stdout if res.rc == 0 else None
+
+
+def _install_unit_for(r: Any, host: HostConfig, layout: Layout, release: str) -> bool:
+    """Install the unit stored with a release (rendered at its deploy, or the hand-made one for release zero)."""
+    text = r.read_file(f"{layout.release(release)}/unit.service").decode()
+    changed = unitmod.install(r, host, text, _read_unit_text(r, host))
+    r.run(["systemctl", "enable", "--quiet", host.unit + ".service"], timeout=60, check=False)
+    return changed
+
+
+def _build(r: Any, host: HostConfig, layout: Layout, release: str, note: dict[str, str]) -> None:
+    rel = layout.release(release)
+    cmd = [
+        host.service.python,
+        f"{rel}/deploy/build_extension.py",
+        "--out",
+        f"{rel}/{EXT_SUBDIR}",
+        "--log",
+        f"{rel}/build.log",
+        "--timeout",
+        f"{host.build_timeout_s:g}",
+    ]
+    cmd[2:2] = ["--arch", host.gpu_arch or "0.0"]
+    res = r.run(cmd, timeout=host.build_timeout_s + 120, check=False)
+    if res.rc == 0:
+        note["detail"] = f"built for sm_{(host.gpu_arch or '').replace('.', '')}, log {rel}/build.log"
+        return
+    tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+    if res.rc == BUILD_EXIT_NO_CUDA and host.gpu_arch is None:
+        note["detail"] = "no CUDA on this host: the release runs the reference path"
+        return
+    raise DeployFailed(f"extension build failed (exit {res.rc}; log {rel}/build.log): {' | '.join(tail)}")
+
+
+def _prerestart_parity(r: Any, host: HostConfig, layout: Layout, release: str, note: dict[str, str]) -> None:
+    rel = layout.release(release)
+    env = f"PYTHONPATH={shlex.quote(f'{rel}/kernel:{rel}/backend')} KDTREE_CONFIG={shlex.quote(f'{rel}/deploy/kdtree.json')} PYTHONUNBUFFERED=1"
+    argv = [
+        host.service.python,
+        "-m",
+        "kdtree_backend.replay",
+        "--steps",
+        str(PRE_RESTART_PARITY_STEPS),
+        "--threshold",
+        f"{host.gate.fail_rel:g}",
+    ]
+    res = r.run(f"cd {shlex.quote(rel)} && env {env} {shlex.join(argv)}", timeout=PARITY_TIMEOUT_S, check=False)
+    lines = [rec for rec in (parse_line(x) for x in res.stdout.splitlines()) if isinstance(rec, ParityLine)]
+    worst = max((x.rel if math.isfinite(x.rel) else math.inf for x in lines), default=None)
+    if res.rc == 0 and lines:
+        note["detail"] = f"{len(lines)} parity lines, worst rel {worst:.3g}"
+        return
+    if res.rc == PARITY_EXIT_FAIL:
+        raise GateFailed(
+            f"pre-restart parity FAIL: worst rel {worst} over {len(lines)} lines (threshold {host.gate.fail_rel:g})"
+        )
+    tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+    raise DeployFailed(f"pre-restart parity could not run (exit {res.rc}): {tail}")
+
+
+def _cleanup(r: Any, host: HostConfig, layout: Layout, keep_also: list[str | None]) -> list[str]:
+    snap = hs.read_snapshot(r, host.root, host.unit)
+    doomed = hs.select_for_removal(snap.releases, host.keep_releases, [snap.current, snap.last_good, *keep_also])
+    hs.remove_releases(r, layout, doomed)
+    return doomed
+
+
+def _manifest_for(src: Path) -> Manifest:
+    return make_manifest(src)
+
+
+def deploy(
+    host: HostConfig,
+    src: Path,
+    opts: DeployOptions,
+    reporter: Reporter | None = None,
+    *,
+    connect: Connect = default_connect,
+    command: str = "deploy",
+) -> DeployResult:
+    rep = reporter or NullReporter()
+    t0 = time.monotonic()
+    timer = StepTimer()
+    layout = Layout(host.root)
+    manifest = _manifest_for(src)
+    result = DeployResult(host=host.name, action="deploy", release=manifest.id, verdict="ERROR", step_times=timer.times)
+
+    def finish(verdict: str, reason: str = "") -> DeployResult:
+        result.verdict, result.reason = verdict, reason
+        result.elapsed_s = time.monotonic() - t0
+        return result
+
+    with Session(host, connect) as session:
+        with timer.timed(rep, "preflight", f"{host.name} ({host.target})") as note:
+            snap = hs.read_snapshot(session.r, host.root, host.unit)
+            plan = make_plan(host, manifest, snap, opts)
+            result.plan = plan
+            note["detail"] = f"current {snap.current or 'none'}, unit {snap.unit.active_state}, {snap.free_mb} MB free"
+        result.current_after = snap.current
+        if plan.refusal:
+            if opts.dry_run:
+                return finish("REFUSED", plan.refusal)
+            raise DeployFailed(plan.refusal)
+        if opts.dry_run:
+            return finish("PLANNED", "dry run: nothing changed")
+        if plan.up_to_date:
+            return finish(
+                "UP-TO-DATE",
+                f"{manifest.id} is already current; `opsctl restart {host.name}` restarts and gates it, --force redeploys",
+            )
+
+        owner = LockOwner.mine(f"{command} {manifest.id}")
+        with timer.timed(rep, "lock"):
+            hs.acquire_lock(session.r, layout, owner, host.name)
+        switched = restarted = False
+        try:
+            hs.ensure_layout(session.r, layout, adopted=False)
+            hs.append_history(
+                session.r,
+                layout,
+                {
+                    "event": "deploy-start",
+                    "release": manifest.id,
+                    "previous": snap.current,
+                    "by": f"{owner.user}@{owner.client}",
+                    "commit": manifest.commit,
+                    "dirty": manifest.dirty,
+                },
+            )
+            with tempfile.TemporaryDirectory(prefix="opsctl-bundle-") as tmp:
+                staged = stage(src, manifest, Path(tmp) / manifest.id)
+                with timer.timed(rep, "upload", layout.release(manifest.id)) as note:
+                    stats = session.r.rsync(staged, layout.release(manifest.id), link_dest=plan.link_dest, timeout=1800)
+                    result.bytes_sent = stats.bytes_sent
+                    note["detail"] = f"{stats.files_transferred} files, {stats.bytes_sent} bytes sent"
+            with timer.timed(rep, "verify") as note:
+                rel = shlex.quote(layout.release(manifest.id))
+                session.r.run(f"cd {rel} && sha256sum --quiet --strict -c -", stdin=manifest.checklist(), timeout=300)
+                remote = Manifest.from_json(session.r.read_file(f"{layout.release(manifest.id)}/manifest.json"))
+                if remote.id != manifest.id:
+                    raise DeployFailed(f"manifest on the host names {remote.id}, expected {manifest.id}")
+                note["detail"] = f"{len(manifest.files)} files match"
+            with timer.timed(rep, "build") as note:
+                _build(session.r, host, layout, manifest.id, note)
+            if not opts.skip_prerestart_parity:
+                try:
+                    with timer.timed(rep, "parity") as note:
+                        _prerestart_parity(session.r, host, layout, manifest.id, note)
+                except GateFailed as e:
+                    hs.mark_bad(session.r, layout, manifest.id, e.message)
+                    hs.append_history(
+                        session.r,
+                        layout,
+                        {
+                            "event": "deploy",
+                            "release": manifest.id,
+                            "verdict": "FAIL",
+                            "reason": e.message,
+                            "stage": "pre-restart parity",
+                        },
+                    )
+                    raise
+            session.r.write_file(
+                f"{layout.release(manifest.id)}/unit.service", unitmod.render_from_tree(src, host).encode()
+            )
+            with timer.timed(rep, "switch", f"current -> {manifest.id}"):
+                hs.switch_current(session.r, layout, manifest.id)
+                switched = True
+                result.current_after = manifest.id
+            with timer.timed(rep, "unit") as note:
+                changed = _install_unit_for(session.r, host, layout, manifest.id)
+                note["detail"] = "changed, daemon-reload" if changed else "unchanged"
+            if opts.no_restart:
+                hs.append_history(
+                    session.r,
+                    layout,
+                    {"event": "deploy", "release": manifest.id, "verdict": "STAGED", "reason": "--no-restart"},
+                )
+                return finish(
+                    "STAGED",
+                    f"current switched; the running service picks it up at the next `opsctl restart {host.name}`",
+                )
+            with timer.timed(rep, "restart") as note:
+                mark = restart_unit(session.r, host)
+                restarted = True
+            with timer.timed(rep, "gate") as note:
+                gate = run_gate(session, host, mark, rep, deadline_s=opts.gate_timeout_s)
+                note["detail"] = f"{gate.verdict}: {gate.reason}"
+                result.gate = gate.summary()
+            if gate.verdict is Verdict.PASS:
+                hs.set_last_good(session.r, layout, manifest.id)
+                hs.append_history(
+                    session.r,
+                    layout,
+                    {
+                        "event": "deploy",
+                        "release": manifest.id,
+                        "previous": snap.current,
+                        "verdict": "PASS",
+                        "gate": gate.summary(),
+                    },
+                )
+                with timer.timed(rep, "cleanup") as note:
+                    removed = _cleanup(session.r, host, layout, [manifest.id, snap.current])
+                    note["detail"] = f"removed {', '.join(removed)}" if removed else "nothing to remove"
+                return finish("PASS", gate.reason)
+            # Gate said no: the new release is bad; go back.
+            hs.mark_bad(session.r, layout, manifest.id, f"gate {gate.verdict}: {gate.reason}")
+            hs.append_history(
+                session.r,
+                layout,
+                {
+                    "event": "deploy",
+                    "release": manifest.id,
+                    "previous": snap.current,
+                    "verdict": str(gate.verdict),
+                    "gate": gate.summary(),
+                },
+            )
+            _rollback_after_failure(session, host, layout, snap, manifest.id, opts, rep, timer, result)
+            return finish(str(gate.verdict), gate.reason)
+        except KeyboardInterrupt:
+            rep.info("interrupted: restoring a consistent state")
+            with contextlib.suppress(Exception):
+                if switched and snap.current:
+                    hs.switch_current(session.r, layout, snap.current)
+                    _install_unit_for(session.r, host, layout, snap.current)
+                    if restarted:
+                        session.r.run(
+                            ["systemctl", "restart", host.unit + ".service"], timeout=host.service.start_timeout_s
+                        )
+                    result.current_after = snap.current
+                hs.append_history(
+                    session.r,
+                    layout,
+                    {
+                        "event": "deploy",
+                        "release": manifest.id,
+                        "verdict": "INTERRUPTED",
+                        "current": result.current_after,
+                    },
+                )
+            raise
+        except OpsError as e:
+            with contextlib.suppress(Exception):
+                if switched and snap.current and not restarted:
+                    hs.switch_current(session.r, layout, snap.current)  # unit never restarted: switch back quietly
+                    _install_unit_for(session.r, host, layout, snap.current)
+                    result.current_after = snap.current
+                hs.append_history(
+                    session.r,
+                    layout,
+                    {"event": "deploy", "release": manifest.id, "verdict": "ERROR", "reason": e.message},
+                )
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                hs.release_lock(session.r, layout, owner)
+
+
+def _rollback_after_failure(
+    session: Session,
+    host: HostConfig,
+    layout: Layout,
+    snap: HostSnapshot,
+    failed: str,
+    opts: DeployOptions,
+    rep: Reporter,
+    timer: StepTimer,
+    result: DeployResult,
+) -> None:
+    target = snap.current if snap.current and snap.current != failed and snap.current not in snap.bad else None
+    if target is None:
+        with timer.timed(rep, "rollback", "nothing to roll back to: stopping the unit"):
+            session.r.run(["systemctl", "stop", host.unit + ".service"], timeout=300, check=False)
+        result.rolled_back_to, result.rollback_verdict = None, "unit stopped"
+        return
+    with timer.timed(rep, "rollback", f"current -> {target}") as note:
+        hs.switch_current(session.r, layout, target)
+        _install_unit_for(session.r, host, layout, target)
+        result.current_after = target
+        mark = restart_unit(session.r, host)
+        note["detail"] = "restarted"
+    with timer.timed(rep, "gate (rollback)") as note:
+        gate = run_gate(session, host, mark, rep, deadline_s=opts.gate_timeout_s)
+        note["detail"] = f"{gate.verdict}: {gate.reason}"
+    result.rolled_back_to, result.rollback_verdict = target, str(gate.verdict)
+    hs.append_history(
+        session.r,
+        layout,
+        {
+            "event": "rollback",
+            "release": target,
+            "from": failed,
+            "verdict": str(gate.verdict),
+            "gate": gate.summary(),
+            "automatic": True,
+        },
+    )
+    if gate.verdict is Verdict.PASS:
+        hs.set_last_good(session.r, layout, target)
+
+
+# ------------------------------------------------------------------------------------------------ restart / rollback
+
+
+@contextlib.contextmanager
+def _locked(session: Session, host: HostConfig, command: str) -> Iterator[LockOwner]:
+    layout = Layout(host.root)
+    owner = LockOwner.mine(command)
+    hs.acquire_lock(session.r, layout, owner, host.name)
+    try:
+        yield owner
+    finally:
+        with contextlib.suppress(Exception):
+            hs.release_lock(session.r, layout, owner)
+
+
+def _require_managed(snap: HostSnapshot, host: HostConfig) -> None:
+    if not snap.is_managed:
+        raise DeployFailed(
+            f"{host.name} is not managed by opsctl yet: `opsctl deploy {host.name}` (virgin host) or `opsctl adopt {host.name}` first"
+        )
+
+
+def restart(
+    host: HostConfig,
+    reporter: Reporter | None = None,
+    *,
+    rollback_on_fail: bool = False,
+    gate_timeout_s: float | None = None,
+    connect: Connect = default_connect,
+) -> DeployResult:
+    """Restart the current release and gate it (e.g. after a driver update)."""
+    rep = reporter or NullReporter()
+    t0 = time.monotonic()
+    timer = StepTimer()
+    layout = Layout(host.root)
+    with Session(host, connect) as session:
+        with timer.timed(rep, "preflight"):
+            snap = hs.read_snapshot(session.r, host.root, host.unit)
+            _require_managed(snap, host)
+            if not snap.current:
+                raise DeployFailed(f"{host.name}: no current release to restart")
+        result = DeployResult(
+            host=host.name,
+            action="restart",
+            release=snap.current,
+            verdict="ERROR",
+            step_times=timer.times,
+            current_after=snap.current,
+        )
+        with _locked(session, host, f"restart {snap.current}"):
+            with timer.timed(rep, "restart"):
+                mark = restart_unit(session.r, host)
+            with timer.timed(rep, "gate") as note:
+                gate = run_gate(session, host, mark, rep, deadline_s=gate_timeout_s)
+                note["detail"] = f"{gate.verdict}: {gate.reason}"
+            result.gate = gate.summary()
+            hs.append_history(
+                session.r,
+                layout,
+                {"event": "restart", "release": snap.current, "verdict": str(gate.verdict), "gate": gate.summary()},
+            )
+            if gate.verdict is Verdict.PASS:
+                hs.set_last_good(session.r, layout, snap.current)
+            elif rollback_on_fail:
+                hs.mark_bad(session.r, layout, snap.current, f"gate {gate.verdict} after restart: {gate.reason}")
+                history = hs.read_history(session.r, layout)
+                snap_after = hs.read_snapshot(session.r, host.root, host.unit)
+                try:
+                    target = rollback_target(snap_after, None, False, history)
+                except DeployFailed as e:
+                    rep.info(f"cannot roll back: {e.message}")
+                else:
+                    fake_snap = _with_current(snap_after, target)
+                    _rollback_after_failure(
+                        session,
+                        host,
+                        layout,
+                        fake_snap,
+                        snap.current,
+                        DeployOptions(gate_timeout_s=gate_timeout_s),
+                        rep,
+                        timer,
+                        result,
+                    )
+        result.verdict, result.reason = str(gate.verdict), gate.reason
+        result.elapsed_s = time.monotonic() - t0
+        return result
+
+
+def _with_current(snap: HostSnapshot, current: str) -> HostSnapshot:
+    from dataclasses import replace
+
+    return replace(snap, current=current)
+
+
+def rollback(
+    host: HostConfig,
+    reporter: Reporter | None = None,
+    *,
+    to: str | None = None,
+    force: bool = False,
+    gate: bool = True,
+    gate_timeout_s: float | None = None,
+    connect: Connect = default_connect,
+) -> DeployResult:
+    """Switch back to an earlier release (never a bad one unless forced), restart, gate."""
+    rep = reporter or NullReporter()
+    t0 = time.monotonic()
+    timer = StepTimer()
+    layout = Layout(host.root)
+    with Session(host, connect) as session:
+        with timer.timed(rep, "preflight") as note:
+            snap = hs.read_snapshot(session.r, host.root, host.unit)
+            _require_managed(snap, host)
+            history = hs.read_history(session.r, layout)
+            target = rollback_target(snap, to, force, history)
+            note["detail"] = f"{snap.current or 'none'} -> {target}"
+        result = DeployResult(
+            host=host.name, action="rollback", release=target, verdict="ERROR", step_times=timer.times
+        )
+        with _locked(session, host, f"rollback {target}"):
+            with timer.timed(rep, "switch", f"current -> {target}"):
+                hs.switch_current(session.r, layout, target)
+                result.current_after = target
+            with timer.timed(rep, "unit") as note:
+                note["detail"] = (
+                    "changed, daemon-reload" if _install_unit_for(session.r, host, layout, target) else "unchanged"
+                )
+            with timer.timed(rep, "restart"):
+                mark = restart_unit(session.r, host)
+            verdict, reason, summary = "DONE", "not gated (--no-gate)", None
+            if gate:
+                with timer.timed(rep, "gate") as note:
+                    g = run_gate(session, host, mark, rep, deadline_s=gate_timeout_s)
+                    note["detail"] = f"{g.verdict}: {g.reason}"
+                verdict, reason, summary = str(g.verdict), g.reason, g.summary()
+                if g.verdict is Verdict.PASS:
+                    hs.set_last_good(session.r, layout, target)
+            result.gate = summary
+            hs.append_history(
+                session.r,
+                layout,
+                {
+                    "event": "rollback",
+                    "release": target,
+                    "from": snap.current,
+                    "verdict": verdict,
+                    "gate": summary,
+                    "forced": force,
+                },
+            )
+        result.verdict, result.reason = verdict, reason
+        result.elapsed_s = time.monotonic() - t0
+        return result
+
+
+# ------------------------------------------------------------------------------------------------ adopt
+
+ADOPT_COPY_LIMIT_MB = 2048
+
+
+def adopt(host: HostConfig, reporter: Reporter | None = None, *, connect: Connect = default_connect) -> DeployResult:
+    """Record a hand-made install (files under the root + the unit as it is) as release zero, touching nothing
+    that runs: the unit is not restarted, the original files stay where they are (a copy goes into the release)."""
+    import hashlib
+    import json
+
+    rep = reporter or NullReporter()
+    t0 = time.monotonic()
+    timer = StepTimer()
+    layout = Layout(host.root)
+    with Session(host, connect) as session:
+        r = session.r
+        with timer.timed(rep, "preflight") as note:
+            snap = hs.read_snapshot(r, host.root, host.unit)
+            if snap.is_managed:
+                raise DeployFailed(f"{host.name} is already managed by opsctl (adopted or deployed); nothing to adopt")
+            if snap.is_virgin:
+                raise DeployFailed(
+                    f"{host.name} has no unit {host.unit} and no {host.root}: nothing to adopt, deploy directly"
+                )
+            note["detail"] = (
+                f"unit {snap.unit.load_state}/{snap.unit.active_state}, root {'exists' if snap.root_exists else 'absent'}"
+            )
+        with timer.timed(rep, "inventory files") as note:
+            root_q = shlex.quote(host.root)
+            listing = ""
+            size_mb = 0
+            if snap.root_exists:
+                listing = r.run(
+                    f"cd {root_q} && find . \\( -path ./releases -o -path ./state -o -path ./current \\) -prune -o -type f -print0 | sort -z | xargs -0 -r sha256sum",
+                    timeout=1800,
+                ).stdout
+                du = r.run(
+                    f"cd {root_q} && du -smc -- {' '.join(shlex.quote(e) for e in snap.other_root_entries) or '/dev/null'} | tail -n 1",
+                    timeout=600,
+                    check=False,
+                ).stdout
+                size_mb = int((du.split() or ["0"])[0]) if du.split() and du.split()[0].isdigit() else 0
+            unit_text = r.read_file(snap.unit.fragment_path).decode() if snap.unit.fragment_path else ""
+            files = {}
+            for line in listing.splitlines():
+                digest, _, path = line.partition("  ")
+                files[path.removeprefix("./")] = {"sha256": digest}
+            h = hashlib.sha256(json.dumps({"files": files, "unit": unit_text}, sort_keys=True).encode())
+            rid = "r0-" + h.hexdigest()[:12]
+            note["detail"] = (
+                f"{len(files)} files ({size_mb} MB), unit {snap.unit.fragment_path or 'absent'} -> release {rid}"
+            )
+        hs.ensure_layout(r, layout, adopted=True)
+        with _locked(session, host, f"adopt {rid}"):
+            with timer.timed(rep, "record", layout.release(rid)) as note:
+                rel = layout.release(rid)
+                r.run(["mkdir", "-p", f"{rel}/files"], timeout=60)
+                if snap.other_root_entries and size_mb <= ADOPT_COPY_LIMIT_MB:
+                    srcs = [f"{host.root}/{e}" for e in snap.other_root_entries]
+                    r.run(["cp", "-a", "--", *srcs, f"{rel}/files/"], timeout=1800)
+                    note["detail"] = f"copied {size_mb} MB"
+                else:
+                    note["detail"] = "recorded (files too large to copy)" if snap.other_root_entries else "unit only"
+                if unit_text:
+                    r.write_file(f"{rel}/unit.service", unit_text.encode())
+                manifest = {
+                    "format": 1,
+                    "id": rid,
+                    "adopted": True,
+                    "created_at": hs.utc_now(),
+                    "created_by": LockOwner.mine("adopt").user,
+                    "root": host.root,
+                    "files": files,
+                    "copied": bool(snap.other_root_entries and size_mb <= ADOPT_COPY_LIMIT_MB),
+                    "unit": {
+                        "path": snap.unit.fragment_path,
+                        "sha256": hashlib.sha256(unit_text.encode()).hexdigest(),
+                        "drop_ins": snap.unit.drop_in_paths,
+                        "active": snap.unit.active_state,
+                    },
+                }
+                r.write_file(f"{rel}/manifest.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+                hs.switch_current(r, layout, rid)
+                hs.set_last_good(r, layout, rid)
+                hs.append_history(
+                    r,
+                    layout,
+                    {
+                        "event": "adopt",
+                        "release": rid,
+                        "verdict": "ADOPTED",
+                        "unit": snap.unit.fragment_path,
+                        "files": len(files),
+                    },
+                )
+    res = DeployResult(
+        host=host.name,
+        action="adopt",
+        release=rid,
+        verdict="ADOPTED",
+        reason="recorded as release zero; nothing restarted",
+        current_after=rid,
+        step_times=timer.times,
+    )
+    res.elapsed_s = time.monotonic() - t0
+    return res

@@ -1,0 +1,87 @@
+import json
+
+import pytest
+
+from opsctl.errors import DeployFailed
+from opsctl.hoststate import Layout, describe_owner, parse_history, parse_snapshot, select_for_removal, snapshot_command
+
+SNAP = """root_exists=1
+managed={"since": "2026-01-01T00:00:00Z", "adopted": false}
+current=releases/r00000000000b
+release=100 r00000000000a
+release=200 r00000000000b
+release=300 r00000000000c
+release=50 r0-00000000000f
+release=10 not-a-release
+bad=r00000000000c
+last_good=r00000000000b
+lock_present=1
+lock={"user": "ops", "client": "laptop", "pid": 42, "since": "t", "command": "deploy r00000000000c", "token": "x"}
+entry=releases
+entry=state
+entry=current
+entry=sglang_ext
+free_mb=12345
+unit.LoadState=loaded
+unit.ActiveState=active
+unit.SubState=running
+unit.FragmentPath=/etc/systemd/system/sglang-k26-ddtree.service
+unit.NRestarts=2
+unit.InvocationID=abc
+unit.Result=success
+unit.DropInPaths=
+gpu_cc=12.0
+now=1700000000
+"""
+
+
+def test_parse_snapshot() -> None:
+    s = parse_snapshot(SNAP)
+    assert s.root_exists and s.is_managed and not s.is_virgin
+    assert s.current == "r00000000000b"
+    assert s.releases == {"r00000000000a": 100, "r00000000000b": 200, "r00000000000c": 300, "r0-00000000000f": 50}
+    assert s.bad == {"r00000000000c"} and s.last_good == "r00000000000b"
+    assert s.lock_present and s.lock_owner and s.lock_owner["user"] == "ops"
+    assert "ops@laptop pid 42" in describe_owner(s.lock_owner)
+    assert s.free_mb == 12345 and s.gpu_compute_caps == ("12.0",)
+    assert s.unit.exists and s.unit.n_restarts == 2 and s.unit.invocation_id == "abc"
+    assert s.other_root_entries == ("sglang_ext",)
+
+
+def test_parse_virgin_snapshot() -> None:
+    s = parse_snapshot("root_exists=0\nmanaged=\ncurrent=\nlast_good=\nfree_mb=900\nunit.LoadState=not-found\nnow=1\n")
+    assert s.is_virgin and not s.is_managed and s.current is None and not s.lock_present
+    assert describe_owner(None).startswith("an unknown owner")
+
+
+def test_snapshot_command_quotes() -> None:
+    cmd = snapshot_command("/srv/kdtree engine", "u")
+    assert "R='/srv/kdtree engine'" in cmd
+
+
+def test_select_for_removal_keeps_protected_and_newest() -> None:
+    rel = {f"r{i:012x}": float(i) for i in range(1, 9)}
+    rel["r0-00000000000f"] = 0.0
+    doomed = select_for_removal(rel, keep=3, protected=["r000000000001", None])
+    # keep 3: the protected r1 plus the two newest (8, 7); release zero is kept besides.
+    assert "r000000000001" not in doomed and "r0-00000000000f" not in doomed
+    assert "r000000000008" not in doomed and "r000000000007" not in doomed
+    assert doomed == sorted(doomed, key=lambda r: rel[r])  # oldest first
+    assert doomed == ["r000000000002", "r000000000003", "r000000000004", "r000000000005", "r000000000006"]
+
+
+def test_select_for_removal_nothing_when_few() -> None:
+    assert select_for_removal({"r000000000001": 1.0, "r000000000002": 2.0}, keep=5, protected=[]) == []
+
+
+def test_layout_refuses_bad_ids() -> None:
+    lay = Layout("/srv/k")
+    assert lay.release("r0123456789ab") == "/srv/k/releases/r0123456789ab"
+    for bad in ["../etc", "r0123456789ab/..", "", "/", "r0123"]:
+        with pytest.raises(DeployFailed):
+            lay.release(bad)
+
+
+def test_parse_history_skips_torn_lines() -> None:
+    text = json.dumps({"event": "deploy", "release": "r1"}) + "\n" + '{"event": "dep'
+    assert parse_history(text) == [{"event": "deploy", "release": "r1"}]
