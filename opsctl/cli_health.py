@@ -1,0 +1,188 @@
+"""CLI: `opsctl health HOST|GROUP|--all` and `opsctl schedule install|remove|status`.
+
+Thin: parse options, call opsctl.health / alerts / schedule, print. Exit codes of `health`: 0 OK, 1 WARN, 2 CRIT.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from . import alerts, schedule
+from . import health as hl
+from . import inventory as inv
+from .errors import OpsError, UsageError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _inventory(ctx: typer.Context) -> inv.Inventory:
+    """The inventory named by the root command's --inventory (or $OPSCTL_INVENTORY, or ./inventory.yaml)."""
+    root = ctx.find_root()
+    explicit = root.params.get("inventory") if root.params else None
+    return inv.load(explicit)
+
+
+def _targets(inventory: inv.Inventory, target: str | None, all_hosts: bool) -> tuple[str, list[inv.HostConfig]]:
+    if all_hosts and target:
+        raise UsageError("give a HOST or GROUP, or --all, not both")
+    name = "all" if all_hosts or not target else target
+    return name, inventory.resolve(name)
+
+
+def health_command(
+    ctx: typer.Context,
+    target: Annotated[str | None, typer.Argument(help="host or group (or 'all')")] = None,
+    all_hosts: Annotated[bool, typer.Option("--all", help="every host of the inventory")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    prometheus: Annotated[
+        Path | None, typer.Option("--prometheus", help="also write a node_exporter textfile here (atomically)")
+    ] = None,
+    rollback_on_fail: Annotated[
+        bool,
+        typer.Option(
+            "--rollback-on-fail",
+            help="roll back hosts whose release is CRIT (unit crash loop, HTTP down, parity failing)",
+        ),
+    ] = False,
+    no_alerts: Annotated[bool, typer.Option("--no-alerts", help="do not run the inventory's alert hook")] = False,
+) -> None:
+    """Check hosts: unit, HTTP, GPU, drift, parity, disk, lock. Exit 0 OK, 1 WARN, 2 CRIT."""
+    inventory = _inventory(ctx)
+    name, hosts = _targets(inventory, target, all_hosts)
+    t0 = time.monotonic()
+    run = hl.check_hosts(hosts, hl.ssh_probe, hl.HealthHistory())
+    elapsed = time.monotonic() - t0
+    if prometheus is not None:
+        hl.write_atomic(prometheus, hl.render_prometheus(run.results))
+    deliveries = [] if no_alerts else alerts.notify(inventory.hosts, run.results)
+    rollbacks = _rollback(hosts, run, as_json) if rollback_on_fail else []
+    if as_json:
+        doc = hl.to_json(run.results)
+        doc["target"] = name
+        doc["elapsed_s"] = round(elapsed, 3)
+        doc["alerts"] = [{"host": d.alert.host, "to": d.target, "ok": d.ok, "error": d.error} for d in deliveries]
+        doc["rollbacks"] = rollbacks
+        print(json.dumps(doc, indent=1))
+    else:
+        console.print(hl.render_table(run.results))
+        for line in hl.details(run.results):
+            console.print(line, style="yellow" if " WARN:" in line else "red", highlight=False)
+        for d in deliveries:
+            if not d.ok:
+                err_console.print(f"alert for {d.alert.host} not delivered ({d.target}): {d.error}", style="red")
+            elif d.target != "none":
+                console.print(f"alert sent ({d.target}): {d.alert.summary}", highlight=False)
+        verdict = ["OK", "WARN", "CRIT"][run.exit_code]
+        console.print(
+            f"health {name}: {verdict} ({len(run.results)} host(s) in {elapsed:.2f}s)",
+            style=["green", "yellow", "bold red"][run.exit_code],
+        )
+    raise typer.Exit(run.exit_code)
+
+
+def _rollback(hosts: list[inv.HostConfig], run: hl.HealthRun, quiet: bool) -> list[dict[str, object]]:
+    """Roll back each host whose release checks are CRIT, one at a time, through the single-host pipeline."""
+    from . import deploy as pipeline
+
+    by_name = {h.name: h for h in hosts}
+    out: list[dict[str, object]] = []
+    for r in run.results:
+        if not r.wants_rollback:
+            continue
+        if not quiet:
+            console.print(
+                f"{r.host}: CRIT on {', '.join(c.name for c in r.checks if c.level is hl.Level.CRIT)}: rolling back"
+            )
+        try:
+            res = pipeline.rollback(by_name[r.host])
+            out.append({"host": r.host, "ok": res.ok, "release": res.release, "verdict": res.verdict})
+            if not quiet:
+                console.print(res.line(), style="green" if res.ok else "red", highlight=False)
+        except OpsError as e:
+            out.append({"host": r.host, "ok": False, "error": e.message})
+            if not quiet:
+                err_console.print(f"{r.host}: rollback failed: {e.message}", style="red")
+    return out
+
+
+schedule_app = typer.Typer(help="Scheduled health checks (systemd timer on this machine).", no_args_is_help=True)
+
+
+def _user_mode(user: bool | None) -> bool:
+    return schedule.default_user_mode() if user is None else user
+
+
+UserOpt = Annotated[
+    bool | None,
+    typer.Option("--user/--system", help="user or system systemd instance (default: --user unless root)"),
+]
+
+
+@schedule_app.command("install")
+def schedule_install(
+    ctx: typer.Context,
+    target: Annotated[str, typer.Argument(help="host or group the timer checks")] = "all",
+    prometheus: Annotated[Path | None, typer.Option("--prometheus", help="textfile the check writes")] = None,
+    rollback_on_fail: Annotated[bool, typer.Option("--rollback-on-fail")] = False,
+    user: UserOpt = None,
+) -> None:
+    """Install and start opsctl-health.timer (OnCalendar/RandomizedDelaySec from the inventory)."""
+    inventory = _inventory(ctx)
+    spec = schedule.make_spec(
+        inventory.resolve(target),
+        target=target,
+        inventory=inventory.path,
+        prometheus=prometheus,
+        rollback_on_fail=rollback_on_fail,
+    )
+    res = schedule.install(spec, user=_user_mode(user))
+    console.print(res.message, highlight=False)
+    for p in res.files:
+        console.print(f"  {p}", highlight=False)
+
+
+@schedule_app.command("remove")
+def schedule_remove(user: UserOpt = None) -> None:
+    """Stop, disable and delete the opsctl-health timer and service."""
+    console.print(schedule.remove(user=_user_mode(user)).message, highlight=False)
+
+
+@schedule_app.command("status")
+def schedule_status(
+    user: UserOpt = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Whether the timer is installed and active, when it runs next, and the last health result per host."""
+    st = schedule.status(user=_user_mode(user))
+    last = hl.HealthHistory().latest()
+    if as_json:
+        print(json.dumps({**st.to_dict(), "last": {h: rec.get("status") for h, rec in last.items()}}, indent=1))
+        return
+    console.print(f"units in {st.unit_dir}: {'installed' if st.installed else 'not installed'}", highlight=False)
+    if st.exec_start:
+        console.print(f"  runs: {st.exec_start}", highlight=False)
+    if st.timer:
+        console.print(
+            f"  timer: {st.timer.get('ActiveState', '?')}, next {st.timer.get('NextElapseUSecRealtime') or '-'}, "
+            f"last {st.timer.get('LastTriggerUSec') or '-'}",
+            highlight=False,
+        )
+    if st.service:
+        console.print(
+            f"  last run: {st.service.get('Result', '?')} (exit {st.service.get('ExecMainStatus', '?')})",
+            highlight=False,
+        )
+    for host, rec in sorted(last.items()):
+        console.print(f"  {host}: {str(rec.get('status', '?')).upper()} at {time.ctime(rec.get('checked_at', 0))}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("health")(health_command)
+    app.add_typer(schedule_app, name="schedule")
