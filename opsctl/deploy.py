@@ -158,7 +158,7 @@ def make_plan(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: De
             f"{host.name} has an install opsctl does not manage ({', '.join(found)}). Record it first with "
             f"`opsctl adopt {host.name}` (it becomes release zero, the rollback target)."
         )
-    elif snap.lock_present:
+    elif snap.lock_present and not snap.lock_stale:
         refusal = f"{host.name}: the deploy lock is held by {hs.describe_owner(snap.lock_owner)}"
     elif snap.free_mb is not None and snap.free_mb < host.min_free_disk_mb:
         refusal = f"{host.name}: only {snap.free_mb} MB free under {host.root} (need {host.min_free_disk_mb} MB)"
@@ -466,8 +466,10 @@ def deploy(
             )
 
         owner = LockOwner.mine(f"{command} {manifest.id}")
-        with timer.timed(rep, "lock"):
-            hs.acquire_lock(session.r, layout, owner, host.name)
+        with timer.timed(rep, "lock") as note:
+            stale = hs.acquire_lock(session.r, layout, owner, host.name)
+            if stale:
+                note["detail"] = f"took over a stale lock from before a reboot: {stale}"
         switched = restarted = False
         try:
             hs.ensure_layout(session.r, layout, adopted=False)

@@ -128,6 +128,13 @@ class HostSnapshot:
     gpu_compute_caps: tuple[str, ...]
     now: float
     other_root_entries: tuple[str, ...] = field(default_factory=tuple)
+    boot_id: str = ""
+    lock_boot_id: str = ""
+
+    @property
+    def lock_stale(self) -> bool:
+        """A lock taken during an earlier boot: its holder's commands died with that boot."""
+        return self.lock_present and bool(self.lock_boot_id) and self.lock_boot_id != self.boot_id
 
     @property
     def is_managed(self) -> bool:
@@ -147,7 +154,8 @@ echo "current=$(readlink "$R/current" 2>/dev/null)"
 for d in "$R"/releases/*/; do [ -d "$d" ] && echo "release=$(stat -c %Y "$d") $(basename "$d")"; done
 for f in "$R"/state/bad/*; do [ -f "$f" ] && echo "bad=$(basename "$f")"; done
 echo "last_good=$(cat "$R/state/last-good" 2>/dev/null)"
-if [ -d "$R/state/lock" ]; then echo "lock_present=1"; echo "lock=$(cat "$R/state/lock/owner.json" 2>/dev/null | tr -d '\\n')"; fi
+if [ -d "$R/state/lock" ]; then echo "lock_present=1"; echo "lock=$(cat "$R/state/lock/owner.json" 2>/dev/null | tr -d '\\n')"; echo "lock_boot=$(cat "$R/state/lock/boot_id" 2>/dev/null)"; fi
+echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
 if [ -d "$R" ]; then for e in "$R"/*; do [ -e "$e" ] && echo "entry=$(basename "$e")"; done; fi
 P="$R"; while [ ! -d "$P" ]; do P=$(dirname "$P"); done
 echo "free_mb=$(df -Pm "$P" | awk 'NR==2{{print $4}}')"
@@ -216,6 +224,8 @@ def parse_snapshot(stdout: str) -> HostSnapshot:
         gpu_compute_caps=tuple(kv.get("gpu_cc", "").split()),
         now=float(kv.get("now") or 0),
         other_root_entries=tuple(e for e in entries if e not in ("releases", "state", "current")),
+        boot_id=kv.get("boot_id", ""),
+        lock_boot_id=kv.get("lock_boot", ""),
     )
 
 
@@ -282,21 +292,31 @@ def describe_owner(owner: dict[str, Any] | None) -> str:
     return f"{owner.get('user', '?')}@{owner.get('client', '?')} pid {owner.get('pid', '?')} since {owner.get('since', '?')} ({owner.get('command', '?')})"
 
 
-def acquire_lock(r: Remote, layout: Layout, owner: LockOwner, host_name: str) -> None:
+def acquire_lock(r: Remote, layout: Layout, owner: LockOwner, host_name: str) -> str | None:
+    """Take the deploy lock (atomic mkdir). A lock left from an earlier boot of the host (its holder's commands
+    died with that boot) is taken over; returns the stale owner's description then."""
     lock, state = shlex.quote(layout.lock), shlex.quote(layout.state)
     owner_file = shlex.quote(f"{layout.lock}/owner.json")
+    boot_file = shlex.quote(f"{layout.lock}/boot_id")
+    take = f"printf '%s\\n' {shlex.quote(owner.to_json())} > {owner_file} && cp /proc/sys/kernel/random/boot_id {boot_file}"
     cmd = (
-        f"mkdir -p {state} && if mkdir {lock} 2>/dev/null; then printf '%s\\n' {shlex.quote(owner.to_json())} > {owner_file}"
-        f" && echo ACQUIRED; else echo HELD; cat {owner_file} 2>/dev/null; fi"
+        f"B=$(cat /proc/sys/kernel/random/boot_id); mkdir -p {state} && "
+        f"if mkdir {lock} 2>/dev/null; then {take} && echo ACQUIRED; "
+        f'elif [ -f {boot_file} ] && [ "$(cat {boot_file})" != "$B" ]; then echo STALE; cat {owner_file} 2>/dev/null; echo; '
+        f"rm -rf -- {lock} && mkdir {lock} && {take} && echo ACQUIRED; "
+        f"else echo HELD; cat {owner_file} 2>/dev/null; fi"
     )
     out = r.run(cmd, timeout=60).stdout
     first, _, rest = out.partition("\n")
-    if first.strip() != "ACQUIRED":
-        who = describe_owner(_json_or_none(rest.strip()))
-        raise LockHeld(
-            f"{host_name}: the deploy lock {layout.lock} is held by {who}. Wait for it, or if that run is gone: "
-            f"opsctl lock {host_name} release --force"
-        )
+    if first.strip() == "ACQUIRED":
+        return None
+    if first.strip() == "STALE" and rest.rstrip().endswith("ACQUIRED"):
+        return describe_owner(_json_or_none(rest.strip().splitlines()[0] if rest.strip() else ""))
+    who = describe_owner(_json_or_none(rest.strip()))
+    raise LockHeld(
+        f"{host_name}: the deploy lock {layout.lock} is held by {who}. Wait for it, or if that run is gone: "
+        f"opsctl lock {host_name} release --force"
+    )
 
 
 def release_lock(r: Remote, layout: Layout, owner: LockOwner | None) -> bool:

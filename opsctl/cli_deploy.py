@@ -1,0 +1,660 @@
+"""CLI: deploy, restart, service, rollback, releases, status, logs, lock, adopt (one host each).
+
+Thin: parse options, call opsctl.deploy / hoststate / journal, render with rich. Errors are OpsErrors (the CLI
+boundary prints one red line and exits with their code). Exit 0 only when the action succeeded (a deploy: PASS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import shlex
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from . import deploy as pipeline
+from . import hoststate as hs
+from . import inventory as inv
+from .errors import OpsError, UsageError
+from .gate import classify
+from .inventory import HostConfig
+from .journal import message_text
+from .parity import OtherKdtreeLine, ParityLine, ShapesLine, parse_line
+
+console = Console()
+err_console = Console(stderr=True)
+VERDICT_STYLE = {
+    "PASS": "bold green",
+    "FAIL": "bold red",
+    "INCONCLUSIVE": "yellow",
+    "NODATA": "red",
+    "ERROR": "bold red",
+}
+
+
+def _inventory(ctx: typer.Context) -> inv.Inventory:
+    root = ctx.find_root()
+    explicit = root.params.get("inventory") if root.params else None
+    return inv.load(explicit)
+
+
+def _host(ctx: typer.Context, name: str) -> HostConfig:
+    return _inventory(ctx).host(name)
+
+
+def _repo_root() -> Path:
+    """The working tree to deploy: the one holding this opsctl (an editable install), else the current dir."""
+    here = Path(__file__).resolve().parent.parent
+    return here if (here / "kernel").is_dir() and (here / "backend").is_dir() else Path.cwd()
+
+
+# ------------------------------------------------------------------------------------------------ progress
+
+
+class RichReporter:
+    """One row per step with a spinner and its elapsed time; parity lines printed above as they arrive."""
+
+    def __init__(self, host: str, out: Console = console) -> None:
+        self.host = host
+        self.progress = Progress(
+            SpinnerColumn(finished_text=" "),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=out,
+            transient=False,
+        )
+        self.tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> RichReporter:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def step(self, name: str, detail: str = "") -> None:
+        self.tasks[name] = self.progress.add_task(f"[bold]{name}[/] {detail}".rstrip(), total=1)
+
+    def _finish(self, name: str, mark: str, detail: str) -> None:
+        task = self.tasks.get(name)
+        if task is None:
+            return
+        desc = f"{mark} [bold]{name}[/]" + (f" [dim]{_escape(detail)}[/]" if detail else "")
+        self.progress.update(task, description=desc, completed=1)
+        self.progress.stop_task(task)
+
+    def done(self, name: str, detail: str = "") -> None:
+        self._finish(name, "[green]✓[/]", detail)
+
+    def failed(self, name: str, detail: str = "") -> None:
+        self._finish(name, "[red]✗[/]", detail)
+
+    def info(self, message: str) -> None:
+        self.progress.console.print(f"[yellow]{_escape(message)}[/]")
+
+    def parity(self, line: ParityLine, verdict: str) -> None:
+        rank = f" TP{line.rank}" if line.rank is not None else ""
+        style = VERDICT_STYLE.get(verdict, "")
+        self.progress.console.print(
+            f"  parity L{line.layer}{rank} rel={_fmt(line.rel)} max_abs_diff={_fmt(line.max_abs_diff)} [{style}]{verdict}[/]",
+            highlight=False,
+        )
+
+
+def _escape(text: str) -> str:
+    return text.replace("[", "\\[")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}" if math.isfinite(x) else str(x)
+
+
+def _verdict_line(res: pipeline.DeployResult) -> None:
+    style = "bold green" if res.ok else "bold red"
+    console.print(Text(res.line(), style=style))
+
+
+def _json_result(res: pipeline.DeployResult) -> dict[str, Any]:
+    return {
+        "host": res.host,
+        "action": res.action,
+        "release": res.release,
+        "verdict": res.verdict,
+        "ok": res.ok,
+        "reason": res.reason,
+        "current": res.current_after,
+        "rolled_back_to": res.rolled_back_to,
+        "rollback_verdict": res.rollback_verdict,
+        "gate": res.gate,
+        "bytes_sent": res.bytes_sent,
+        "step_times_s": {k: round(v, 3) for k, v in res.step_times.items()},
+        "elapsed_s": round(res.elapsed_s, 3),
+    }
+
+
+@contextlib.contextmanager
+def _reporter(host: str, quiet: bool) -> Iterator[pipeline.Reporter]:
+    if quiet:
+        yield pipeline.NullReporter()
+        return
+    with RichReporter(host) as rep:
+        yield rep
+
+
+def _finish(res: pipeline.DeployResult, as_json: bool) -> None:
+    if as_json:
+        console.print_json(json.dumps(_json_result(res)))
+    else:
+        _verdict_line(res)
+    if not res.ok:
+        raise typer.Exit(code=31 if res.verdict in ("FAIL", "NODATA", "INCONCLUSIVE") else 30)
+
+
+# ------------------------------------------------------------------------------------------------ commands
+
+
+def deploy_command(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Argument(help="host from inventory.yaml")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan, change nothing")] = False,
+    no_restart: Annotated[
+        bool, typer.Option("--no-restart", help="install and switch, but do not restart or gate")
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+    gate_timeout: Annotated[
+        float | None, typer.Option("--gate-timeout", help="gate deadline in seconds (default: inventory)")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="deploy even if this release is current or marked bad")
+    ] = False,
+    skip_parity: Annotated[
+        bool, typer.Option("--skip-prerestart-parity", help="skip the pre-restart parity run on the host")
+    ] = False,
+    src: Annotated[Path | None, typer.Option("--src", help="working tree to deploy (default: this checkout)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Deploy the working tree to HOST: upload, build, parity, switch, restart, gate; roll back on failure."""
+    h = _host(ctx, host)
+    tree = (src or _repo_root()).resolve()
+    opts = pipeline.DeployOptions(
+        dry_run=True,
+        gate_timeout_s=gate_timeout,
+        force=force,
+        no_restart=no_restart,
+        skip_prerestart_parity=skip_parity,
+    )
+    plan_res = pipeline.deploy(h, tree, opts)
+    if plan_res.plan is not None and not as_json:
+        for line in plan_res.plan.describe():
+            console.print(line, highlight=False)
+    if dry_run or plan_res.verdict == "REFUSED":
+        if plan_res.verdict == "REFUSED":
+            raise OpsError(f"deploy refused: {plan_res.reason}")
+        _finish(plan_res, as_json)
+        return
+    if not yes and not typer.confirm(f"Deploy {plan_res.release} to {host}?", default=False):
+        raise typer.Exit(code=1)
+    real = pipeline.DeployOptions(
+        gate_timeout_s=gate_timeout, force=force, no_restart=no_restart, skip_prerestart_parity=skip_parity
+    )
+    with _reporter(host, as_json) as rep:
+        res = pipeline.deploy(h, tree, real, rep)
+    _finish(res, as_json)
+
+
+def restart_command(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Argument()],
+    rollback_on_fail: Annotated[bool, typer.Option("--rollback-on-fail", help="roll back if the gate fails")] = False,
+    gate_timeout: Annotated[float | None, typer.Option("--gate-timeout")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Restart the current release and gate it (e.g. after a driver update)."""
+    h = _host(ctx, host)
+    with _reporter(host, as_json) as rep:
+        res = pipeline.restart(h, rep, rollback_on_fail=rollback_on_fail, gate_timeout_s=gate_timeout)
+    if not res.ok and not rollback_on_fail and not as_json:
+        console.print(
+            f"the gate did not pass; the release stays current. Decide: `opsctl rollback {host}` or investigate with `opsctl logs {host} --grep parity`",
+            style="yellow",
+        )
+    _finish(res, as_json)
+
+
+def rollback_command(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Argument()],
+    to: Annotated[
+        str | None, typer.Option("--to", help="release id (default: the newest good one before current)")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="allow a release marked bad")] = False,
+    no_gate: Annotated[bool, typer.Option("--no-gate", help="do not gate after the restart")] = False,
+    gate_timeout: Annotated[float | None, typer.Option("--gate-timeout")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Switch HOST back to an earlier release, restart and gate it."""
+    h = _host(ctx, host)
+    with _reporter(host, as_json) as rep:
+        res = pipeline.rollback(h, rep, to=to, force=force, gate=not no_gate, gate_timeout_s=gate_timeout)
+    _finish(res, as_json)
+
+
+def adopt_command(
+    ctx: typer.Context, host: Annotated[str, typer.Argument()], as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
+    """Record an existing hand-made install (files + unit) as release zero, without restarting anything."""
+    h = _host(ctx, host)
+    with _reporter(host, as_json) as rep:
+        res = pipeline.adopt(h, rep)
+    _finish(res, as_json)
+
+
+def service_command(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Argument()],
+    action: Annotated[str, typer.Argument(help="start | stop | status")],
+) -> None:
+    """Start, stop or show the service unit (no gate: use `restart` for a gated restart)."""
+    if action not in ("start", "stop", "status"):
+        raise UsageError(f"service action must be start, stop or status, not {action!r}")
+    h = _host(ctx, host)
+    unit = h.unit + ".service"
+    from .ssh import connect
+
+    with connect(h) as r:
+        if action == "status":
+            res = r.run(["systemctl", "status", "--no-pager", "-n", "15", unit], check=False, timeout=60)
+            console.print(res.stdout.rstrip(), highlight=False, markup=False)
+            raise typer.Exit(code=0 if res.rc == 0 else 3)
+        r.run(["systemctl", action, unit], timeout=h.service.start_timeout_s + 60)
+        state = r.run(["systemctl", "is-active", unit], check=False, timeout=60).stdout.strip()
+    console.print(
+        f"{host}: {unit} {action} -> {state}", style="green" if (state == "active") == (action == "start") else "red"
+    )
+
+
+def _read(h: HostConfig, fn: Callable[[Any], Any]) -> Any:
+    from .ssh import connect
+
+    with connect(h) as r:
+        return fn(r)
+
+
+def releases_command(
+    ctx: typer.Context, host: Annotated[str, typer.Argument()], as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
+    """List the releases on HOST: id, created, commit, current/good/bad, last verdict."""
+    h = _host(ctx, host)
+    layout = hs.Layout(h.root)
+
+    def gather(r: Any) -> tuple[hs.HostSnapshot, list[dict[str, Any]], str]:
+        snap = hs.read_snapshot(r, h.root, h.unit)
+        hist = hs.read_history(r, layout)
+        meta = r.run(
+            f'for d in {shlex.quote(layout.releases)}/*/; do echo "== $(basename "$d")"; '
+            'grep -m1 \'"created_at"\' "$d/manifest.json" 2>/dev/null; grep -m1 \'"commit"\' "$d/manifest.json" 2>/dev/null; '
+            'grep -m1 \'"dirty"\' "$d/manifest.json" 2>/dev/null; done',
+            timeout=60,
+            check=False,
+        ).stdout
+        return snap, hist, meta
+
+    snap, hist, meta = _read(h, gather)
+    info = _parse_release_meta(meta)
+    verdicts = hs.release_verdicts(hist)
+    rows = []
+    for rid in sorted(snap.releases, key=lambda x: snap.releases[x], reverse=True):
+        flags = [
+            f
+            for f, on in (
+                ("current", rid == snap.current),
+                ("last-good", rid == snap.last_good),
+                ("bad", rid in snap.bad),
+                ("adopted", rid.startswith("r0-")),
+            )
+            if on
+        ]
+        v = verdicts.get(rid, {})
+        rows.append(
+            {
+                "id": rid,
+                "created": info.get(rid, {}).get("created_at", "?"),
+                "commit": info.get(rid, {}).get("commit"),
+                "dirty": info.get(rid, {}).get("dirty"),
+                "flags": flags,
+                "verdict": v.get("verdict"),
+                "verdict_at": v.get("at"),
+            }
+        )
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    table = Table(title=f"releases on {host} ({h.root})")
+    for col in ("id", "created", "commit", "state", "last verdict"):
+        table.add_column(col)
+    for row in rows:
+        commit = (row["commit"] or "-")[:10] + ("+dirty" if row["dirty"] else "")
+        verdict = row["verdict"] or "-"
+        table.add_row(
+            row["id"],
+            row["created"],
+            commit,
+            ", ".join(row["flags"]),
+            Text(verdict, style=VERDICT_STYLE.get(verdict, "")),
+        )
+    console.print(table)
+
+
+def _parse_release_meta(text: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    cur: dict[str, Any] | None = None
+    for line in text.splitlines():
+        if line.startswith("== "):
+            cur = out.setdefault(line[3:].strip(), {})
+            continue
+        m = re.match(r'\s*"(created_at|commit|dirty)":\s*(.*?),?\s*$', line)
+        if m and cur is not None:
+            with contextlib.suppress(ValueError):
+                cur[m.group(1)] = json.loads(m.group(2))
+    return out
+
+
+def status_command(
+    ctx: typer.Context, host: Annotated[str, typer.Argument()], as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
+    """Unit state, current release, last verdict, last parity figures, lock."""
+    h = _host(ctx, host)
+    layout = hs.Layout(h.root)
+
+    def gather(r: Any) -> tuple[hs.HostSnapshot, list[dict[str, Any]], str]:
+        snap = hs.read_snapshot(r, h.root, h.unit)
+        hist = hs.read_history(r, layout)
+        lines = ""
+        if snap.unit.invocation_id:
+            lines = r.run(
+                f"journalctl _SYSTEMD_INVOCATION_ID={shlex.quote(snap.unit.invocation_id)} -o cat --no-pager -q | grep -F '[kdtree] L' | tail -n 64",
+                timeout=60,
+                check=False,
+            ).stdout
+        return snap, hist, lines
+
+    snap, hist, lines = _read(h, gather)
+    parity = [p for p in (parse_line(x) for x in lines.splitlines()) if isinstance(p, ParityLine)]
+    last = next((x for x in reversed(hist) if x.get("verdict")), None)
+    doc = {
+        "host": host,
+        "managed": snap.is_managed,
+        "unit": {
+            "name": h.unit,
+            "load": snap.unit.load_state,
+            "active": snap.unit.active_state,
+            "sub": snap.unit.sub_state,
+            "restarts": snap.unit.n_restarts,
+        },
+        "current": snap.current,
+        "last_good": snap.last_good,
+        "bad": sorted(snap.bad),
+        "last_verdict": last,
+        "lock": hs.describe_owner(snap.lock_owner) if snap.lock_present else None,
+        "free_mb": snap.free_mb,
+        "parity": [
+            {
+                "layer": p.layer,
+                "rank": p.rank,
+                "rel": _json_num(p.rel),
+                "max_abs_diff": _json_num(p.max_abs_diff),
+                "verdict": str(classify(p, h.gate)),
+            }
+            for p in parity[-16:]
+        ],
+    }
+    if as_json:
+        console.print_json(json.dumps(doc, default=str))
+        return
+    unit_style = "green" if snap.unit.active_state == "active" else "red"
+    console.print(
+        f"[bold]{host}[/] ({h.target}) unit {h.unit}: [{unit_style}]{snap.unit.active_state}/{snap.unit.sub_state}[/] restarts={snap.unit.n_restarts}"
+    )
+    console.print(
+        f"current release: [bold]{snap.current or 'none'}[/]  last good: {snap.last_good or 'none'}  bad: {', '.join(sorted(snap.bad)) or 'none'}"
+    )
+    if not snap.is_managed:
+        console.print("[yellow]not managed by opsctl (adopt or deploy first)[/]")
+    if last:
+        v = str(last.get("verdict"))
+        console.print(
+            f"last verdict: [{VERDICT_STYLE.get(v, '')}]{v}[/] ({last.get('event')} {last.get('release')} at {last.get('at')})",
+            highlight=False,
+        )
+    console.print(f"lock: {doc['lock'] or 'free'}   free disk: {snap.free_mb} MB", highlight=False)
+    if parity:
+        console.print(_parity_table(parity[-16:], h, title="last parity lines (current invocation)"))
+    else:
+        console.print("no parity lines from the current invocation yet")
+
+
+def _json_num(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)
+
+
+def _parity_table(lines: list[ParityLine], h: HostConfig, title: str = "", times: list[str] | None = None) -> Table:
+    table = Table(title=title or None)
+    if times:
+        table.add_column("time")
+    for col in ("rank", "layer", "max_abs_diff", "mean", "rel", "verdict"):
+        table.add_column(col, justify="right" if col not in ("verdict",) else "left")
+    for i, p in enumerate(lines):
+        v = str(classify(p, h.gate))
+        row = [
+            f"TP{p.rank}" if p.rank is not None else "-",
+            f"L{p.layer}",
+            _fmt(p.max_abs_diff),
+            _fmt(p.mean),
+            _fmt(p.rel),
+            Text(v, style=VERDICT_STYLE.get(v, "")),
+        ]
+        table.add_row(*([times[i]] if times else []), *row)
+    return table
+
+
+def logs_command(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Argument()],
+    grep: Annotated[str | None, typer.Option("--grep", help="shapes | parity | a regular expression")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines")] = False,
+    since: Annotated[
+        str | None, typer.Option("--since", help="journalctl time, e.g. '10 min ago' or '2026-05-31 13:00'")
+    ] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="how many recent lines (without --since)")] = 200,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
+) -> None:
+    """The unit's journal; parity lines as a coloured table, shapes lines decoded."""
+    h = _host(ctx, host)
+    matcher = _matcher(grep)
+    cmd = [
+        "journalctl",
+        "-u",
+        h.unit + ".service",
+        "-o",
+        "json",
+        "--output-fields=MESSAGE,__REALTIME_TIMESTAMP",
+        "--no-pager",
+        "-q",
+    ]
+    if since:
+        cmd += ["--since", since]
+    else:
+        cmd += ["-n", str(lines)]
+    if follow:
+        cmd.append("-f")
+    remote = shlex.join(cmd)
+    if grep in ("shapes", "parity"):
+        remote += " | grep --line-buffered -F " + shlex.quote("[kdtree]")
+    from .ssh import connect
+
+    printer = _LogPrinter(h, as_json, stream=follow)
+    with connect(h) as r:
+        if follow:
+            with contextlib.suppress(KeyboardInterrupt):
+                r.run(remote, timeout=10**8, check=False, on_output=lambda line: printer.feed(line, matcher))
+        else:
+            res = r.run(remote, timeout=120, check=False)
+            if res.rc not in (0, 1):  # grep exits 1 on no match
+                raise OpsError(f"{host}: journalctl failed ({res.rc}): {res.stderr.strip()[-300:]}")
+            for line in res.stdout.splitlines():
+                printer.feed(line, matcher)
+    printer.flush()
+
+
+def _matcher(grep: str | None) -> Callable[[str, Any], bool]:
+    if grep is None:
+        return lambda _msg, _rec: True
+    if grep == "shapes":
+        return lambda _msg, rec: isinstance(rec, ShapesLine)
+    if grep == "parity":
+        return lambda _msg, rec: isinstance(rec, ParityLine)
+    try:
+        rx = re.compile(grep)
+    except re.error as e:
+        raise UsageError(f"--grep {grep!r} is not a valid regular expression: {e}") from None
+    return lambda msg, _rec: bool(rx.search(msg))
+
+
+class _LogPrinter:
+    def __init__(self, h: HostConfig, as_json: bool, stream: bool) -> None:
+        self.h, self.as_json, self.stream = h, as_json, stream
+        self.parity: list[ParityLine] = []
+        self.parity_times: list[str] = []
+
+    def feed(self, raw: str, matcher: Callable[[str, Any], bool]) -> None:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return
+        msg = message_text(doc.get("MESSAGE"))
+        when = _fmt_time(doc.get("__REALTIME_TIMESTAMP"))
+        rec = parse_line(msg)
+        if not matcher(msg, rec):
+            return
+        if self.as_json:
+            console.print_json(json.dumps(_log_json(when, msg, rec, self.h), default=str))
+        elif isinstance(rec, ParityLine):
+            if self.stream:
+                v = str(classify(rec, self.h.gate))
+                rank = f"TP{rec.rank} " if rec.rank is not None else ""
+                console.print(
+                    f"{when} {rank}L{rec.layer} max_abs_diff={_fmt(rec.max_abs_diff)} mean={_fmt(rec.mean)} rel={_fmt(rec.rel)} [{VERDICT_STYLE.get(v, '')}]{v}[/]",
+                    highlight=False,
+                )
+            else:
+                self.parity.append(rec)
+                self.parity_times.append(when)
+        elif isinstance(rec, ShapesLine):
+            d = rec.decode()
+            rank = f"TP{rec.rank} " if rec.rank is not None else ""
+            console.print(
+                f"{when} {rank}[bold]shapes[/] " + _escape(" ".join(f"{k}={v}" for k, v in rec.fields.items())),
+                highlight=False,
+            )
+            console.print(f"    {_escape(d.text())}", style="cyan", highlight=False)
+            if d.warning:
+                console.print(f"    {_escape(d.warning)}", style="bold red", highlight=False)
+        else:
+            console.print(f"{when} {msg}", highlight=False, markup=False)
+
+    def flush(self) -> None:
+        if self.parity:
+            console.print(_parity_table(self.parity, self.h, title="parity", times=self.parity_times))
+
+
+def _fmt_time(us: Any) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(us) / 1e6))
+    except (TypeError, ValueError):
+        return "?"
+
+
+def _log_json(when: str, msg: str, rec: Any, h: HostConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"time": when, "message": msg}
+    if isinstance(rec, ParityLine):
+        out.update(
+            kind="parity",
+            layer=rec.layer,
+            rank=rec.rank,
+            max_abs_diff=_json_num(rec.max_abs_diff),
+            mean=_json_num(rec.mean),
+            rel=_json_num(rec.rel),
+            extra=rec.extra,
+            verdict=str(classify(rec, h.gate)),
+        )
+    elif isinstance(rec, ShapesLine):
+        d = rec.decode()
+        out.update(kind="shapes", rank=rec.rank, fields=rec.fields, decoded=d.text(), warning=d.warning)
+    elif isinstance(rec, OtherKdtreeLine):
+        out.update(kind="kdtree", rank=rec.rank)
+    else:
+        out["kind"] = "log"
+    return out
+
+
+lock_app = typer.Typer(help="Inspect or break the deploy lock of a host.", no_args_is_help=True)
+
+
+@lock_app.command("status")
+def lock_status(ctx: typer.Context, host: Annotated[str, typer.Argument()]) -> None:
+    """Who holds the deploy lock of HOST."""
+    h = _host(ctx, host)
+    snap = _read(h, lambda r: hs.read_snapshot(r, h.root, h.unit))
+    if snap.lock_present:
+        console.print(f"{host}: locked by {hs.describe_owner(snap.lock_owner)}", style="yellow", highlight=False)
+        raise typer.Exit(code=1)
+    console.print(f"{host}: lock free", style="green")
+
+
+@lock_app.command("release")
+def lock_release(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Argument()],
+    force: Annotated[bool, typer.Option("--force", help="required: break someone else's lock")] = False,
+) -> None:
+    """Break the deploy lock of HOST (only when its owner is gone)."""
+    if not force:
+        raise UsageError("breaking a lock needs --force (check `opsctl lock HOST status` first: is its owner gone?)")
+    h = _host(ctx, host)
+
+    def brk(r: Any) -> hs.HostSnapshot:
+        snap = hs.read_snapshot(r, h.root, h.unit)
+        if snap.lock_present:
+            hs.release_lock(r, hs.Layout(h.root), None)
+            hs.append_history(r, hs.Layout(h.root), {"event": "lock-break", "owner": snap.lock_owner})
+        return snap
+
+    snap = _read(h, brk)
+    if snap.lock_present:
+        console.print(
+            f"{host}: broke the lock held by {hs.describe_owner(snap.lock_owner)}", style="yellow", highlight=False
+        )
+    else:
+        console.print(f"{host}: lock was already free", style="green")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("deploy")(deploy_command)
+    app.command("restart")(restart_command)
+    app.command("rollback")(rollback_command)
+    app.command("adopt")(adopt_command)
+    app.command("service")(service_command)
+    app.command("releases")(releases_command)
+    app.command("status")(status_command)
+    app.command("logs")(logs_command)
+    app.add_typer(lock_app, name="lock")
