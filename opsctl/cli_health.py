@@ -5,28 +5,20 @@ Thin: parse options, call opsctl.health / alerts / schedule, print. Exit codes o
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from . import alerts, schedule
+from . import cli_common as common
 from . import health as hl
 from . import inventory as inv
 from .errors import OpsError, UsageError
 
-console = Console()
-err_console = Console(stderr=True)
-
-
-def _inventory(ctx: typer.Context) -> inv.Inventory:
-    """The inventory named by the root command's --inventory (or $OPSCTL_INVENTORY, or ./inventory.yaml)."""
-    root = ctx.find_root()
-    explicit = root.params.get("inventory") if root.params else None
-    return inv.load(explicit)
+console = common.out
+err_console = common.err
 
 
 def _targets(inventory: inv.Inventory, target: str | None, all_hosts: bool) -> tuple[str, list[inv.HostConfig]]:
@@ -37,7 +29,6 @@ def _targets(inventory: inv.Inventory, target: str | None, all_hosts: bool) -> t
 
 
 def health_command(
-    ctx: typer.Context,
     target: Annotated[str | None, typer.Argument(help="host or group (or 'all')")] = None,
     all_hosts: Annotated[bool, typer.Option("--all", help="every host of the inventory")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
@@ -52,9 +43,11 @@ def health_command(
         ),
     ] = False,
     no_alerts: Annotated[bool, typer.Option("--no-alerts", help="do not run the inventory's alert hook")] = False,
+    inventory_path: common.InventoryOption = None,
+    accept_new_host_key: common.AcceptNewHostKeyOption = False,
 ) -> None:
     """Check hosts: unit, HTTP, GPU, drift, parity, disk, lock. Exit 0 OK, 1 WARN, 2 CRIT."""
-    inventory = _inventory(ctx)
+    inventory = common.inventory(inventory_path, accept_new_host_key=accept_new_host_key)
     name, hosts = _targets(inventory, target, all_hosts)
     t0 = time.monotonic()
     run = hl.check_hosts(hosts, hl.ssh_probe, hl.HealthHistory())
@@ -69,7 +62,7 @@ def health_command(
         doc["elapsed_s"] = round(elapsed, 3)
         doc["alerts"] = [{"host": d.alert.host, "to": d.target, "ok": d.ok, "error": d.error} for d in deliveries]
         doc["rollbacks"] = rollbacks
-        print(json.dumps(doc, indent=1))
+        common.emit_json(doc)
     else:
         console.print(hl.render_table(run.results))
         for line in hl.details(run.results):
@@ -127,14 +120,14 @@ UserOpt = Annotated[
 
 @schedule_app.command("install")
 def schedule_install(
-    ctx: typer.Context,
     target: Annotated[str, typer.Argument(help="host or group the timer checks")] = "all",
     prometheus: Annotated[Path | None, typer.Option("--prometheus", help="textfile the check writes")] = None,
     rollback_on_fail: Annotated[bool, typer.Option("--rollback-on-fail")] = False,
     user: UserOpt = None,
+    inventory_path: common.InventoryOption = None,
 ) -> None:
     """Install and start opsctl-health.timer (OnCalendar/RandomizedDelaySec from the inventory)."""
-    inventory = _inventory(ctx)
+    inventory = common.inventory(inventory_path)
     spec = schedule.make_spec(
         inventory.resolve(target),
         target=target,
@@ -163,7 +156,7 @@ def schedule_status(
     st = schedule.status(user=_user_mode(user))
     last = hl.HealthHistory().latest()
     if as_json:
-        print(json.dumps({**st.to_dict(), "last": {h: rec.get("status") for h, rec in last.items()}}, indent=1))
+        common.emit_json({**st.to_dict(), "last": {h: rec.get("status") for h, rec in last.items()}})
         return
     console.print(f"units in {st.unit_dir}: {'installed' if st.installed else 'not installed'}", highlight=False)
     if st.exec_start:

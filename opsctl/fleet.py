@@ -28,7 +28,7 @@ from enum import StrEnum
 from rich.table import Table
 from rich.text import Text
 
-from .errors import OpsError, UsageError
+from .errors import OpsError, SshError, UsageError
 from .inventory import HostConfig
 
 _COUNT_RE = re.compile(r"^\s*(\d+)\s*$")
@@ -38,7 +38,7 @@ _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 class Outcome(StrEnum):
     OK = "ok"  # the action succeeded (deploy gated PASS, rollback done)
     FAILED = "failed"  # the action failed; the host handled its own recovery (e.g. rolled back)
-    ERROR = "error"  # the action could not run or raised: host state unknown to the roll-out
+    ERROR = "error"  # the host was unreachable or dropped out, or the action crashed: its state is unknown
     SKIPPED = "skipped"  # never started because the roll-out stopped
 
 
@@ -177,8 +177,10 @@ def _safe(action: Action, host: HostConfig) -> HostOutcome:
     t0 = time.monotonic()
     try:
         result = action(host)
-    except OpsError as e:
+    except SshError as e:  # the host could not be reached or dropped out: its state is unknown to us
         return HostOutcome(host.name, Outcome.ERROR, elapsed_s=time.monotonic() - t0, detail=e.message)
+    except OpsError as e:  # the pipeline refused or stopped cleanly (build failed, lock held, parity failed)
+        return HostOutcome(host.name, Outcome.FAILED, elapsed_s=time.monotonic() - t0, detail=e.message)
     except Exception as e:  # a bug in one host's pipeline must not lose the other hosts' outcomes
         return HostOutcome(host.name, Outcome.ERROR, elapsed_s=time.monotonic() - t0, detail=f"{type(e).__name__}: {e}")
     if result.elapsed_s == 0.0:

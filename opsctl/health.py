@@ -395,7 +395,8 @@ def render_table(results: Sequence[HostHealth]) -> Table:
             elif unreachable and name == "unit":
                 row.append(Text(ssh.detail if ssh else "", style=_STYLE[Level.CRIT]))
             else:
-                label = c.level.value if c.level in (Level.OK, Level.SKIP) else f"{c.level.value}: {c.detail}"
+                short = c.detail if len(c.detail) <= 40 else c.detail[:39] + "…"
+                label = c.level.value if c.level in (Level.OK, Level.SKIP) else f"{c.level.value}: {short}"
                 row.append(Text(label if c.level is not Level.SKIP else "n/a", style=_STYLE[c.level]))
         row.append(f"{r.elapsed_s:.2f}s")
         table.add_row(*row)
@@ -703,7 +704,7 @@ def facts_from_probe(
             )
             gpu = GpuFacts(gpus=rows)
     if "release_error" in raw:
-        drift = DriftFacts(error=f"no current release under {host.root}: {raw['release_error']}")
+        drift = DriftFacts(error=f"no current release ({host.root}/current: {_strip_errno(raw['release_error'])})")
     elif "manifest" in raw:
         try:
             manifest: Mapping[str, str] | None = {f.path: f.sha256 for f in Manifest.from_json(raw["manifest"]).files}
@@ -744,6 +745,12 @@ def facts_from_probe(
         local_time=local_time,
         elapsed_s=elapsed_s,
     )
+
+
+def _strip_errno(message: str) -> str:
+    """ "[Errno 2] No such file or directory: '/x'" -> "No such file or directory"."""
+    text = message.split("] ", 1)[-1]
+    return text.split(":", 1)[0]
 
 
 def pid_alive(pid: int) -> bool:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from opsctl.errors import OpsError, UsageError
+from opsctl.errors import HostUnreachable, OpsError, UsageError
 from opsctl.fleet import (
     HostOutcome,
     Outcome,
@@ -80,8 +80,14 @@ def test_plan_rejects_unknown_canary_and_empty_target() -> None:
 class FakeFleet:
     """A single-host action with scripted failures that records call order and concurrency."""
 
-    def __init__(self, failing: set[str] = frozenset(), raising: set[str] = frozenset(), delay: float = 0.0):  # type: ignore[assignment]
-        self.failing, self.raising, self.delay = failing, raising, delay
+    def __init__(  # type: ignore[assignment]
+        self,
+        failing: set[str] = frozenset(),
+        raising: set[str] = frozenset(),
+        refusing: set[str] = frozenset(),
+        delay: float = 0.0,
+    ):
+        self.failing, self.raising, self.refusing, self.delay = failing, raising, refusing, delay
         self.calls: list[str] = []
         self.running = 0
         self.max_running = 0
@@ -96,7 +102,9 @@ class FakeFleet:
         with self._lock:
             self.running -= 1
         if host.name in self.raising:
-            raise OpsError(f"{host.name}: unreachable")
+            raise HostUnreachable(host.name, "unreachable")
+        if host.name in self.refusing:
+            raise OpsError(f"{host.name}: lock held")
         if host.name in self.failing:
             return HostOutcome(host.name, Outcome.FAILED, "rOLD", "FAIL", detail="gate FAIL, rolled back")
         return HostOutcome(host.name, Outcome.OK, "rNEW", "PASS")
@@ -154,6 +162,12 @@ def test_parallel_is_faster_than_serial() -> None:
     t0 = time.monotonic()
     run_rollout(plan, FakeFleet(delay=0.1), parallel=True)
     assert time.monotonic() - t0 < serial / 2
+
+
+def test_a_refusing_pipeline_is_a_failure_not_an_unknown_state() -> None:
+    report = run_rollout(plan_rollout(hosts(2), canary=None, max_fail="100%"), FakeFleet(refusing={"h1"}))
+    assert report.outcome("h1").outcome is Outcome.FAILED and "lock held" in report.outcome("h1").detail
+    assert report.outcome("h2").outcome is Outcome.OK
 
 
 def test_a_crashing_action_becomes_an_error_outcome() -> None:
