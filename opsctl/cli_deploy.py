@@ -7,10 +7,12 @@ boundary prints one red line and exits with their code). Exit 0 only when the ac
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import re
 import shlex
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,21 +20,20 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TaskID, TextColumn
 from rich.table import Table
 from rich.text import Text
 
+from . import cli_common as common
 from . import deploy as pipeline
 from . import hoststate as hs
-from . import inventory as inv
 from .errors import OpsError, UsageError
 from .gate import classify
 from .inventory import HostConfig
 from .journal import message_text
 from .parity import OtherKdtreeLine, ParityLine, ShapesLine, parse_line
 
-console = Console()
-err_console = Console(stderr=True)
+console = common.out
 VERDICT_STYLE = {
     "PASS": "bold green",
     "FAIL": "bold red",
@@ -42,14 +43,8 @@ VERDICT_STYLE = {
 }
 
 
-def _inventory(ctx: typer.Context) -> inv.Inventory:
-    root = ctx.find_root()
-    explicit = root.params.get("inventory") if root.params else None
-    return inv.load(explicit)
-
-
-def _host(ctx: typer.Context, name: str) -> HostConfig:
-    return _inventory(ctx).host(name)
+def _host(name: str, inventory_path: Path | None) -> HostConfig:
+    return common.inventory(inventory_path).host(name)
 
 
 def _repo_root() -> Path:
@@ -61,6 +56,14 @@ def _repo_root() -> Path:
 # ------------------------------------------------------------------------------------------------ progress
 
 
+class _Seconds(ProgressColumn):
+    """Elapsed time of a step with a tenth of a second (steps are often shorter than one)."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.finished_time if task.finished else task.elapsed
+        return Text(f"{elapsed or 0.0:6.1f}s", style="dim")
+
+
 class RichReporter:
     """One row per step with a spinner and its elapsed time; parity lines printed above as they arrive."""
 
@@ -69,7 +72,7 @@ class RichReporter:
         self.progress = Progress(
             SpinnerColumn(finished_text=" "),
             TextColumn("{task.description}"),
-            TimeElapsedColumn(),
+            _Seconds(),
             console=out,
             transient=False,
         )
@@ -153,7 +156,7 @@ def _reporter(host: str, quiet: bool) -> Iterator[pipeline.Reporter]:
 
 def _finish(res: pipeline.DeployResult, as_json: bool) -> None:
     if as_json:
-        console.print_json(json.dumps(_json_result(res)))
+        common.emit_json(_json_result(res))
     else:
         _verdict_line(res)
     if not res.ok:
@@ -164,7 +167,6 @@ def _finish(res: pipeline.DeployResult, as_json: bool) -> None:
 
 
 def deploy_command(
-    ctx: typer.Context,
     host: Annotated[str, typer.Argument(help="host from inventory.yaml")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan, change nothing")] = False,
     no_restart: Annotated[
@@ -182,9 +184,10 @@ def deploy_command(
     ] = False,
     src: Annotated[Path | None, typer.Option("--src", help="working tree to deploy (default: this checkout)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    inventory_path: common.InventoryOption = None,
 ) -> None:
     """Deploy the working tree to HOST: upload, build, parity, switch, restart, gate; roll back on failure."""
-    h = _host(ctx, host)
+    h = _host(host, inventory_path)
     tree = (src or _repo_root()).resolve()
     opts = pipeline.DeployOptions(
         dry_run=True,
@@ -213,14 +216,14 @@ def deploy_command(
 
 
 def restart_command(
-    ctx: typer.Context,
     host: Annotated[str, typer.Argument()],
     rollback_on_fail: Annotated[bool, typer.Option("--rollback-on-fail", help="roll back if the gate fails")] = False,
     gate_timeout: Annotated[float | None, typer.Option("--gate-timeout")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    inventory_path: common.InventoryOption = None,
 ) -> None:
     """Restart the current release and gate it (e.g. after a driver update)."""
-    h = _host(ctx, host)
+    h = _host(host, inventory_path)
     with _reporter(host, as_json) as rep:
         res = pipeline.restart(h, rep, rollback_on_fail=rollback_on_fail, gate_timeout_s=gate_timeout)
     if not res.ok and not rollback_on_fail and not as_json:
@@ -232,7 +235,6 @@ def restart_command(
 
 
 def rollback_command(
-    ctx: typer.Context,
     host: Annotated[str, typer.Argument()],
     to: Annotated[
         str | None, typer.Option("--to", help="release id (default: the newest good one before current)")
@@ -241,33 +243,36 @@ def rollback_command(
     no_gate: Annotated[bool, typer.Option("--no-gate", help="do not gate after the restart")] = False,
     gate_timeout: Annotated[float | None, typer.Option("--gate-timeout")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    inventory_path: common.InventoryOption = None,
 ) -> None:
     """Switch HOST back to an earlier release, restart and gate it."""
-    h = _host(ctx, host)
+    h = _host(host, inventory_path)
     with _reporter(host, as_json) as rep:
         res = pipeline.rollback(h, rep, to=to, force=force, gate=not no_gate, gate_timeout_s=gate_timeout)
     _finish(res, as_json)
 
 
 def adopt_command(
-    ctx: typer.Context, host: Annotated[str, typer.Argument()], as_json: Annotated[bool, typer.Option("--json")] = False
+    host: Annotated[str, typer.Argument()],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    inventory_path: common.InventoryOption = None,
 ) -> None:
     """Record an existing hand-made install (files + unit) as release zero, without restarting anything."""
-    h = _host(ctx, host)
+    h = _host(host, inventory_path)
     with _reporter(host, as_json) as rep:
         res = pipeline.adopt(h, rep)
     _finish(res, as_json)
 
 
 def service_command(
-    ctx: typer.Context,
     host: Annotated[str, typer.Argument()],
     action: Annotated[str, typer.Argument(help="start | stop | status")],
+    inventory_path: common.InventoryOption = None,
 ) -> None:
     """Start, stop or show the service unit (no gate: use `restart` for a gated restart)."""
     if action not in ("start", "stop", "status"):
         raise UsageError(f"service action must be start, stop or status, not {action!r}")
-    h = _host(ctx, host)
+    h = _host(host, inventory_path)
     unit = h.unit + ".service"
     from .ssh import connect
 
@@ -291,10 +296,12 @@ def _read(h: HostConfig, fn: Callable[[Any], Any]) -> Any:
 
 
 def releases_command(
-    ctx: typer.Context, host: Annotated[str, typer.Argument()], as_json: Annotated[bool, typer.Option("--json")] = False
+    host: Annotated[str, typer.Argument()],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    inventory_path: common.InventoryOption = None,
 ) -> None:
     """List the releases on HOST: id, created, commit, current/good/bad, last verdict."""
-    h = _host(ctx, host)
+    h = _host(host, inventory_path)
     layout = hs.Layout(h.root)
 
     def gather(r: Any) -> tuple[hs.HostSnapshot, list[dict[str, Any]], str]:
@@ -337,7 +344,7 @@ def releases_command(
             }
         )
     if as_json:
-        console.print_json(json.dumps(rows))
+        common.emit_json(rows)
         return
     table = Table(title=f"releases on {host} ({h.root})")
     for col in ("id", "created", "commit", "state", "last verdict"):
@@ -370,10 +377,12 @@ def _parse_release_meta(text: str) -> dict[str, dict[str, Any]]:
 
 
 def status_command(
-    ctx: typer.Context, host: Annotated[str, typer.Argument()], as_json: Annotated[bool, typer.Option("--json")] = False
+    host: Annotated[str, typer.Argument()],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    inventory_path: common.InventoryOption = None,
 ) -> None:
     """Unit state, current release, last verdict, last parity figures, lock."""
-    h = _host(ctx, host)
+    h = _host(host, inventory_path)
     layout = hs.Layout(h.root)
 
     def gather(r: Any) -> tuple[hs.HostSnapshot, list[dict[str, Any]], str]:
@@ -419,7 +428,7 @@ def status_command(
         ],
     }
     if as_json:
-        console.print_json(json.dumps(doc, default=str))
+        common.emit_json(doc)
         return
     unit_style = "green" if snap.unit.active_state == "active" else "red"
     console.print(
@@ -468,7 +477,6 @@ def _parity_table(lines: list[ParityLine], h: HostConfig, title: str = "", times
 
 
 def logs_command(
-    ctx: typer.Context,
     host: Annotated[str, typer.Argument()],
     grep: Annotated[str | None, typer.Option("--grep", help="shapes | parity | a regular expression")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines")] = False,
@@ -477,9 +485,10 @@ def logs_command(
     ] = None,
     lines: Annotated[int, typer.Option("--lines", "-n", help="how many recent lines (without --since)")] = 200,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
+    inventory_path: common.InventoryOption = None,
 ) -> None:
     """The unit's journal; parity lines as a coloured table, shapes lines decoded."""
-    h = _host(ctx, host)
+    h = _host(host, inventory_path)
     matcher = _matcher(grep)
     cmd = [
         "journalctl",
@@ -547,7 +556,8 @@ class _LogPrinter:
         if not matcher(msg, rec):
             return
         if self.as_json:
-            console.print_json(json.dumps(_log_json(when, msg, rec, self.h), default=str))
+            sys.stdout.write(json.dumps(_log_json(when, msg, rec, self.h), default=str) + "\n")
+            sys.stdout.flush()
         elif isinstance(rec, ParityLine):
             if self.stream:
                 v = str(classify(rec, self.h.gate))
@@ -607,54 +617,59 @@ def _log_json(when: str, msg: str, rec: Any, h: HostConfig) -> dict[str, Any]:
     return out
 
 
-lock_app = typer.Typer(help="Inspect or break the deploy lock of a host.", no_args_is_help=True)
-
-
-@lock_app.command("status")
-def lock_status(ctx: typer.Context, host: Annotated[str, typer.Argument()]) -> None:
-    """Who holds the deploy lock of HOST."""
-    h = _host(ctx, host)
-    snap = _read(h, lambda r: hs.read_snapshot(r, h.root, h.unit))
-    if snap.lock_present:
-        console.print(f"{host}: locked by {hs.describe_owner(snap.lock_owner)}", style="yellow", highlight=False)
-        raise typer.Exit(code=1)
-    console.print(f"{host}: lock free", style="green")
-
-
-@lock_app.command("release")
-def lock_release(
-    ctx: typer.Context,
+def lock_command(
     host: Annotated[str, typer.Argument()],
-    force: Annotated[bool, typer.Option("--force", help="required: break someone else's lock")] = False,
+    action: Annotated[str, typer.Argument(help="status | release")] = "status",
+    force: Annotated[bool, typer.Option("--force", help="required by release: break someone else's lock")] = False,
+    inventory_path: common.InventoryOption = None,
 ) -> None:
-    """Break the deploy lock of HOST (only when its owner is gone)."""
-    if not force:
+    """Show who holds the deploy lock of HOST, or break it (`release --force`, only when its owner is gone)."""
+    if action not in ("status", "release"):
+        raise UsageError(f"lock action must be status or release, not {action!r}")
+    if action == "release" and not force:
         raise UsageError("breaking a lock needs --force (check `opsctl lock HOST status` first: is its owner gone?)")
-    h = _host(ctx, host)
+    h = _host(host, inventory_path)
+    layout = hs.Layout(h.root)
 
-    def brk(r: Any) -> hs.HostSnapshot:
+    def act(r: Any) -> hs.HostSnapshot:
         snap = hs.read_snapshot(r, h.root, h.unit)
-        if snap.lock_present:
-            hs.release_lock(r, hs.Layout(h.root), None)
-            hs.append_history(r, hs.Layout(h.root), {"event": "lock-break", "owner": snap.lock_owner})
+        if action == "release" and snap.lock_present:
+            hs.release_lock(r, layout, None)
+            hs.append_history(r, layout, {"event": "lock-break", "owner": snap.lock_owner})
         return snap
 
-    snap = _read(h, brk)
-    if snap.lock_present:
-        console.print(
-            f"{host}: broke the lock held by {hs.describe_owner(snap.lock_owner)}", style="yellow", highlight=False
-        )
+    snap = _read(h, act)
+    owner = hs.describe_owner(snap.lock_owner) + (
+        " (stale: taken before the host last booted)" if snap.lock_stale else ""
+    )
+    if action == "release":
+        msg = f"{host}: broke the lock held by {owner}" if snap.lock_present else f"{host}: lock was already free"
+        console.print(msg, style="yellow" if snap.lock_present else "green", highlight=False)
+    elif snap.lock_present:
+        console.print(f"{host}: locked by {owner}", style="yellow", highlight=False)
+        raise typer.Exit(code=1)
     else:
-        console.print(f"{host}: lock was already free", style="green")
+        console.print(f"{host}: lock free", style="green")
+
+
+def _bounded(fn: Callable[..., None]) -> Callable[..., None]:
+    """OpsError -> one red line and its exit code, also when the app is driven by a test runner."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        with common.error_boundary():
+            fn(*args, **kwargs)
+
+    return wrapper
 
 
 def register(app: typer.Typer) -> None:
-    app.command("deploy")(deploy_command)
-    app.command("restart")(restart_command)
-    app.command("rollback")(rollback_command)
-    app.command("adopt")(adopt_command)
-    app.command("service")(service_command)
-    app.command("releases")(releases_command)
-    app.command("status")(status_command)
-    app.command("logs")(logs_command)
-    app.add_typer(lock_app, name="lock")
+    app.command("deploy")(_bounded(deploy_command))
+    app.command("restart")(_bounded(restart_command))
+    app.command("rollback")(_bounded(rollback_command))
+    app.command("adopt")(_bounded(adopt_command))
+    app.command("service")(_bounded(service_command))
+    app.command("releases")(_bounded(releases_command))
+    app.command("status")(_bounded(status_command))
+    app.command("logs")(_bounded(logs_command))
+    app.command("lock")(_bounded(lock_command))

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from . import hoststate as hs
 from . import unit as unitmod
-from .errors import DeployFailed, GateFailed, OpsError, SshError
+from .errors import DeployFailed, GateFailed, LockHeld, OpsError, SshError
 from .gate import GateState, Verdict
 from .hoststate import HostSnapshot, Layout, LockOwner
 from .inventory import HostConfig
@@ -339,7 +339,9 @@ def run_gate(
         state.tick(clock())
         if state.decided:
             break
-        sleep(settings.poll_interval_s)
+        # After SSH errors back off (1, 2, 4 .. x the poll interval, at most 15 s) so a short outage is ridden out.
+        backoff = 2 ** (state.ssh_failures_in_a_row - 1) if state.ssh_failures_in_a_row else 1
+        sleep(min(settings.poll_interval_s * backoff, max(15.0, settings.poll_interval_s)))
     with contextlib.suppress(Exception):
         cursor_doc = (
             f'{{"unit": "{host.unit}", "cursor": "{follower.cursor or ""}", "invocations": {follower.invocations!r}}}\n'
@@ -453,6 +455,11 @@ def deploy(
             result.plan = plan
             note["detail"] = f"current {snap.current or 'none'}, unit {snap.unit.active_state}, {snap.free_mb} MB free"
         result.current_after = snap.current
+        if snap.lock_present and not snap.lock_stale and not opts.dry_run:
+            raise LockHeld(
+                f"{host.name}: the deploy lock is held by {hs.describe_owner(snap.lock_owner)}. Wait for it, or if "
+                f"that run is gone: opsctl lock {host.name} release --force"
+            )
         if plan.refusal:
             if opts.dry_run:
                 return finish("REFUSED", plan.refusal)
@@ -562,6 +569,22 @@ def deploy(
                     removed = _cleanup(session.r, host, layout, [manifest.id, snap.current])
                     note["detail"] = f"removed {', '.join(removed)}" if removed else "nothing to remove"
                 return finish("PASS", gate.reason)
+            if gate.verdict is Verdict.ERROR:
+                # Could not look: never a pass. Roll back if the host answers again; else say exactly where it stands.
+                try:
+                    _rollback_after_failure(session, host, layout, snap, manifest.id, opts, rep, timer, result)
+                    hs.append_history(
+                        session.r,
+                        layout,
+                        {"event": "deploy", "release": manifest.id, "verdict": "ERROR", "gate": gate.summary()},
+                    )
+                except SshError as e:
+                    raise DeployFailed(
+                        f"gate ERROR ({gate.reason}) and the host is still unreachable ({e.message}): release "
+                        f"{manifest.id} is current and running but NOT verified; the deploy lock stays on the host. When "
+                        f"it answers: opsctl status {host.name}, then opsctl rollback {host.name} (or restart to re-gate)"
+                    ) from e
+                return finish("ERROR", gate.reason)
             # Gate said no: the new release is bad; go back.
             hs.mark_bad(session.r, layout, manifest.id, f"gate {gate.verdict}: {gate.reason}")
             hs.append_history(

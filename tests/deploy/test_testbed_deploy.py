@@ -1,0 +1,433 @@
+"""The deploy pipeline against real testbed hosts (systemd-nspawn Debian, systemd + journald + sshd).
+
+Every test asserts the final state on the host: current release, unit state, history, lock. Hosts are shared
+across the tests of this module (a good release is deployed once and reused) to keep the run short.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opsctl import deploy as d
+from opsctl import hoststate as hs
+from opsctl.errors import DeployFailed, GateFailed, LockHeld, SshError
+from opsctl.inventory import HostConfig, Inventory
+from opsctl.parity import ParityLine, parse_line
+from opsctl.release import make_manifest
+from opsctl.ssh import connect
+from opsctl.testbed import Testbed, reset_host
+
+from . import trees
+
+GATE_S = 25.0
+
+pytestmark = pytest.mark.skipif(
+    not (trees.SOURCE / "backend/kdtree_backend/replay.py").exists(),
+    reason="the backend's replay service (backend/kdtree_backend/replay.py) is not in the tree yet",
+)
+
+
+class Recorder:
+    """A Reporter that remembers what happened (and can run a hook when a step starts or a parity line comes)."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+        self.failed_steps: list[str] = []
+        self.parity_lines: list[ParityLine] = []
+        self.infos: list[str] = []
+        self.on_step: dict[str, Any] = {}
+        self.on_parity: Any = None
+
+    def step(self, name: str, detail: str = "") -> None:
+        self.steps.append(name)
+        if name in self.on_step:
+            self.on_step.pop(name)()
+
+    def done(self, name: str, detail: str = "") -> None: ...
+
+    def failed(self, name: str, detail: str = "") -> None:
+        self.failed_steps.append(name)
+
+    def info(self, message: str) -> None:
+        self.infos.append(message)
+
+    def parity(self, line: ParityLine, verdict: str) -> None:
+        self.parity_lines.append(line)
+        if self.on_parity is not None:
+            hook, self.on_parity = self.on_parity, None
+            hook()
+
+
+def fast(host: HostConfig) -> HostConfig:
+    """The testbed host with a replay service that prints often and a short gate."""
+    svc = host.service.model_copy(update={"replay_args": ["--interval", "0.25"]})
+    gate = host.gate.model_copy(update={"deadline_s": GATE_S, "poll_interval_s": 0.5, "max_restarts": 2})
+    return host.model_copy(update={"service": svc, "gate": gate})
+
+
+def state(host: HostConfig) -> tuple[hs.HostSnapshot, list[dict[str, Any]]]:
+    with connect(host) as r:
+        return hs.read_snapshot(r, host.root, host.unit), hs.read_history(r, hs.Layout(host.root))
+
+
+def assert_healthy(host: HostConfig, release: str) -> hs.HostSnapshot:
+    snap, _ = state(host)
+    assert snap.current == release
+    assert snap.unit.active_state == "active", snap.unit
+    assert not snap.lock_present
+    return snap
+
+
+@pytest.fixture(scope="module")
+def good_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return trees.copy_tree(tmp_path_factory.mktemp("good"))
+
+
+@pytest.fixture(scope="module")
+def good_id(good_tree: Path) -> str:
+    return make_manifest(good_tree).id
+
+
+def ensure_good(host: HostConfig, tree: Path, rid: str) -> None:
+    """Host runs the good release, gated PASS: reuse it when already so, else reset and deploy."""
+    snap, _ = state(host)
+    if snap.current == rid and snap.unit.active_state == "active" and snap.last_good == rid and not snap.lock_present:
+        return
+    reset_host(host)
+    res = d.deploy(host, tree, d.DeployOptions())
+    assert res.verdict == "PASS", res.line()
+
+
+@pytest.fixture
+def tb1(testbed: Inventory) -> HostConfig:
+    return fast(testbed.host("tb1"))
+
+
+@pytest.fixture
+def tb2(testbed: Inventory) -> HostConfig:
+    return fast(testbed.host("tb2"))
+
+
+@pytest.fixture
+def local(testbed: Inventory) -> HostConfig:
+    return fast(testbed.host("local"))
+
+
+# ------------------------------------------------------------------------------------------------ good path
+
+
+def test_good_release_passes_and_redeploy_moves_little(
+    tb1: HostConfig, good_tree: Path, good_id: str, tmp_path: Path
+) -> None:
+    reset_host(tb1)
+    rec = Recorder()
+    first = d.deploy(tb1, good_tree, d.DeployOptions(), rec)
+    assert first.verdict == "PASS", first.line()
+    assert rec.steps[:4] == ["preflight", "lock", "upload", "verify"] and "gate" in rec.steps
+    assert first.gate and first.gate["pass"] >= 3 and first.gate["fail"] == 0
+    snap = assert_healthy(tb1, good_id)
+    assert snap.last_good == good_id and good_id not in snap.bad
+    _, history = state(tb1)
+    assert history[-1]["verdict"] == "PASS" and history[-1]["release"] == good_id
+    # The unit runs from <root>/current, not from a release path.
+    with connect(tb1) as r:
+        unit = r.read_file(f"/etc/systemd/system/{tb1.unit}.service").decode()
+        assert f"WorkingDirectory={tb1.root}/current" in unit
+    # Same tree again: nothing to do. Forced: the same id, rsync sends next to nothing.
+    again = d.deploy(tb1, good_tree, d.DeployOptions())
+    assert again.verdict == "UP-TO-DATE"
+    forced = d.deploy(tb1, good_tree, d.DeployOptions(force=True))
+    assert forced.verdict == "PASS" and forced.bytes_sent is not None and first.bytes_sent is not None
+    assert forced.bytes_sent < first.bytes_sent / 5
+    # A one-file change hard-links the rest from the current release.
+    changed = trees.copy_tree(tmp_path / "changed", "one-file-change")
+    third = d.deploy(tb1, changed, d.DeployOptions())
+    assert third.verdict == "PASS" and third.bytes_sent is not None and third.bytes_sent < first.bytes_sent / 2
+    _print_measurements(first, forced, third)
+    ensure_good(tb1, good_tree, good_id)  # leave tb1 on the good release (a normal deploy back to it)
+
+
+def _print_measurements(first: d.DeployResult, forced: d.DeployResult, third: d.DeployResult) -> None:
+    overhead = sum(v for k, v in first.step_times.items() if k not in ("restart", "gate", "build", "parity"))
+    print(
+        f"\n[measure] first deploy steps: { {k: round(v, 2) for k, v in first.step_times.items()} }"
+        f"\n[measure] bytes sent: first {first.bytes_sent}, unchanged redeploy {forced.bytes_sent}, one-file change {third.bytes_sent}"
+        f"\n[measure] opsctl overhead outside build/parity/restart/gate: {overhead:.2f}s of {first.elapsed_s:.1f}s"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ failures -> rollback
+
+
+@pytest.mark.skipif(
+    not (trees.SOURCE / "backend/kdtree_backend/marshal.py").exists(), reason="backend marshal.py not in the tree"
+)
+def test_classic_bug_fails_gate_and_rolls_back(tb1: HostConfig, good_tree: Path, good_id: str, tmp_path: Path) -> None:
+    ensure_good(tb1, good_tree, good_id)
+    bad = trees.classic_bug(tmp_path / "bug")
+    bad_id = make_manifest(bad).id
+    res = d.deploy(tb1, bad, d.DeployOptions(skip_prerestart_parity=True))
+    assert res.verdict == "FAIL", res.line()
+    assert res.rolled_back_to == good_id and res.rollback_verdict == "PASS"
+    snap = assert_healthy(tb1, good_id)
+    assert bad_id in snap.bad and snap.last_good == good_id
+    _, history = state(tb1)
+    assert [h.get("verdict") for h in history[-2:]] == ["FAIL", "PASS"]
+    assert history[-2]["release"] == bad_id and history[-1]["event"] == "rollback"
+    # Deploying it again is refused (marked bad) unless forced.
+    with pytest.raises(DeployFailed, match="marked bad"):
+        d.deploy(tb1, bad, d.DeployOptions(skip_prerestart_parity=True))
+
+
+@pytest.mark.skipif(
+    not (trees.SOURCE / "backend/kdtree_backend/marshal.py").exists(), reason="backend marshal.py not in the tree"
+)
+def test_classic_bug_caught_before_restart(tb1: HostConfig, good_tree: Path, good_id: str, tmp_path: Path) -> None:
+    ensure_good(tb1, good_tree, good_id)
+    before, _ = state(tb1)
+    bad = trees.classic_bug(tmp_path / "bug2")
+    with pytest.raises(GateFailed, match="pre-restart parity FAIL"):
+        d.deploy(tb1, bad, d.DeployOptions())
+    snap = assert_healthy(tb1, good_id)
+    assert snap.unit.invocation_id == before.unit.invocation_id  # never restarted
+    assert make_manifest(bad).id in snap.bad
+
+
+def test_build_failure_switches_nothing(tb1: HostConfig, good_tree: Path, good_id: str, tmp_path: Path) -> None:
+    ensure_good(tb1, good_tree, good_id)
+    before, _ = state(tb1)
+    tree = trees.build_fails(tmp_path / "bf")
+    with pytest.raises(DeployFailed, match="build failed") as e:
+        d.deploy(tb1, tree, d.DeployOptions())
+    assert "simulated compile failure" in e.value.message
+    snap = assert_healthy(tb1, good_id)
+    assert snap.unit.invocation_id == before.unit.invocation_id
+    _, history = state(tb1)
+    assert history[-1]["verdict"] == "ERROR" and history[-1]["release"] == make_manifest(tree).id
+
+
+def test_crash_loop_rolls_back(tb1: HostConfig, good_tree: Path, good_id: str, tmp_path: Path) -> None:
+    ensure_good(tb1, good_tree, good_id)
+    tree = trees.crash_loop(tmp_path / "crash")
+    res = d.deploy(tb1, tree, d.DeployOptions())
+    assert res.verdict == "FAIL", res.line()
+    assert "crash loop" in res.reason or "unit failed" in res.reason
+    assert res.rolled_back_to == good_id and res.rollback_verdict == "PASS"
+    snap = assert_healthy(tb1, good_id)
+    assert make_manifest(tree).id in snap.bad
+
+
+def test_no_parity_line_before_deadline_rolls_back(
+    tb1: HostConfig, good_tree: Path, good_id: str, tmp_path: Path
+) -> None:
+    ensure_good(tb1, good_tree, good_id)
+    tree = trees.silent(tmp_path / "silent")
+    t = time.monotonic()
+    res = d.deploy(tb1, tree, d.DeployOptions(gate_timeout_s=6))
+    assert res.verdict == "NODATA", res.line()
+    assert res.step_times["gate"] == pytest.approx(6, abs=3)
+    assert res.rolled_back_to == good_id and res.rollback_verdict == "PASS"
+    assert time.monotonic() - t < 60
+    snap = assert_healthy(tb1, good_id)
+    assert make_manifest(tree).id in snap.bad
+
+
+# ------------------------------------------------------------------------------------------------ lock, interrupts, faults
+
+
+def test_concurrent_deploy_refused_with_owner(tb2: HostConfig, good_tree: Path, good_id: str, tmp_path: Path) -> None:
+    ensure_good(tb2, good_tree, good_id)
+    slow = trees.slow_build(tmp_path / "slow", seconds=8)
+    outcome: dict[str, Any] = {}
+
+    def first() -> None:
+        try:
+            outcome["res"] = d.deploy(tb2, slow, d.DeployOptions(), command="deploy-first")
+        except Exception as e:  # recorded for the assertion below
+            outcome["err"] = e
+
+    th = threading.Thread(target=first)
+    th.start()
+    deadline = time.monotonic() + 20
+    while not state(tb2)[0].lock_present and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with pytest.raises(LockHeld) as e:
+        d.deploy(tb2, trees.copy_tree(tmp_path / "second", "second"), d.DeployOptions(force=True))
+    assert f"pid {os.getpid()}" in e.value.message and "deploy-first" in e.value.message
+    th.join(120)
+    assert outcome.get("res") is not None and outcome["res"].verdict == "PASS", outcome
+    assert_healthy(tb2, make_manifest(slow).id)
+    ensure_good(tb2, good_tree, good_id)
+
+
+def test_sigint_mid_deploy_releases_lock(tb2: HostConfig, good_tree: Path, good_id: str, tmp_path: Path) -> None:
+    ensure_good(tb2, good_tree, good_id)
+    before, _ = state(tb2)
+    slow = trees.slow_build(tmp_path / "slow", seconds=60)
+    script = (
+        "import sys; from pathlib import Path; from opsctl import deploy as d; from opsctl.testbed import Testbed\n"
+        "h = Testbed().inventory().host('tb2')\n"
+        "d.deploy(h, Path(sys.argv[1]), d.DeployOptions())\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(slow)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 30
+    while not state(tb2)[0].lock_present and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # now in the build step
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    snap = assert_healthy(tb2, good_id)  # lock released, current unchanged
+    assert snap.unit.invocation_id == before.unit.invocation_id
+    _, history = state(tb2)
+    assert history[-1]["verdict"] == "INTERRUPTED" and history[-1]["current"] == good_id
+
+
+def test_ssh_cut_during_gate_resumes(
+    tb2: HostConfig, testbed_handle: Testbed, good_tree: Path, good_id: str, tmp_path: Path
+) -> None:
+    ensure_good(tb2, good_tree, good_id)
+    tree = trees.copy_tree(tmp_path / "cut", "ssh-cut")
+    host = tb2.model_copy(update={"gate": tb2.gate.model_copy(update={"consecutive_passes": 12})})
+    sessions: list[Any] = []
+
+    def tracking_connect(h: HostConfig) -> Any:
+        cm = connect(h)
+
+        class Wrapper:
+            def __enter__(self) -> Any:
+                r = cm.__enter__()
+                sessions.append(r)
+                return r
+
+            def __exit__(self, *exc: object) -> None:
+                cm.__exit__(*exc)
+
+        return Wrapper()
+
+    def cut() -> None:
+        testbed_handle.stop_sshd("tb2")  # new connections refused for a while
+        sessions[-1].client.close()  # and the live one is gone
+        threading.Timer(3.0, testbed_handle.start_sshd, args=("tb2",)).start()
+
+    rec = Recorder()
+    rec.on_parity = cut
+    res = d.deploy(host, tree, d.DeployOptions(), rec, connect=tracking_connect)
+    assert res.verdict == "PASS", res.line()
+    assert any("SSH trouble" in m for m in rec.infos) and len(sessions) >= 2
+    # No line counted twice: what the gate saw is exactly the journal's parity lines, in order, up to the verdict.
+    with connect(tb2) as r:
+        inv = hs.read_snapshot(r, tb2.root, tb2.unit).unit.invocation_id
+        text = r.run(f"journalctl _SYSTEMD_INVOCATION_ID={inv} -o cat --no-pager -q", timeout=60).stdout
+    journal = [p.raw for p in (parse_line(x) for x in text.splitlines()) if isinstance(p, ParityLine)]
+    seen = [p.raw for p in rec.parity_lines]
+    assert seen == journal[: len(seen)]
+    assert res.gate and res.gate["lines"] <= len(seen)
+    assert_healthy(tb2, make_manifest(tree).id)
+
+
+def test_poweroff_mid_upload(
+    tb2: HostConfig, testbed_handle: Testbed, good_tree: Path, good_id: str, tmp_path: Path
+) -> None:
+    ensure_good(tb2, good_tree, good_id)
+    tree = trees.copy_tree(tmp_path / "power", "poweroff")
+    rec = Recorder()
+    rec.on_step["upload"] = lambda: testbed_handle.poweroff("tb2")
+    try:
+        with pytest.raises(SshError) as e:
+            d.deploy(tb2, tree, d.DeployOptions(), rec)
+        assert "tb2" in e.value.message
+    finally:
+        testbed_handle.boot("tb2")
+    snap, _ = state(tb2)
+    deadline = time.monotonic() + 30
+    while snap.unit.active_state != "active" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        snap, _ = state(tb2)
+    assert snap.current == good_id and snap.unit.active_state == "active"  # the old release came back up by itself
+    assert not snap.lock_present or snap.lock_stale  # a lock from before the power cut is stale, never blocking
+    res = d.deploy(tb2, tree, d.DeployOptions())
+    assert res.verdict == "PASS", res.line()
+    assert_healthy(tb2, make_manifest(tree).id)
+
+
+# ------------------------------------------------------------------------------------------------ rollback, adopt, logs
+
+
+def test_rollback_with_nothing_to_roll_back_to(local: HostConfig, good_tree: Path, good_id: str) -> None:
+    reset_host(local)
+    with pytest.raises(DeployFailed, match="not managed"):
+        d.rollback(local)
+    assert d.deploy(local, good_tree, d.DeployOptions()).verdict == "PASS"
+    with pytest.raises(DeployFailed, match="nothing to roll back to"):
+        d.rollback(local)
+    assert_healthy(local, good_id)
+
+
+@pytest.fixture
+def hand_made(local: HostConfig, good_tree: Path) -> Iterator[HostConfig]:
+    """`local` with a hand-rsynced install and a hand-edited unit, like ct200 before opsctl."""
+    reset_host(local)
+    ext = f"{local.root}/sglang_ext"
+    unit = (
+        "[Unit]\nDescription=hand-made kdtree service\n[Service]\n"
+        f"Environment=PYTHONPATH={ext}/kernel:{ext}/backend\nEnvironment=PYTHONUNBUFFERED=1\n"
+        f"Environment=KDTREE_CONFIG={ext}/deploy/kdtree.json\nWorkingDirectory={ext}\n"
+        f"ExecStart=/usr/bin/python3 -m kdtree_backend.replay --steps 0 --interval 0.25\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
+    with connect(local) as r:
+        r.rsync(good_tree, ext)
+        r.write_file(f"/etc/systemd/system/{local.unit}.service", unit)
+        r.run(f"systemctl daemon-reload && systemctl enable --now {local.unit}.service", timeout=60)
+    yield local
+
+
+def test_adopt_then_deploy_then_rollback_to_release_zero(hand_made: HostConfig, good_tree: Path, good_id: str) -> None:
+    host = hand_made
+    with connect(host) as r:
+        original_unit = r.read_file(f"/etc/systemd/system/{host.unit}.service")
+    with pytest.raises(DeployFailed, match="opsctl adopt"):
+        d.deploy(host, good_tree, d.DeployOptions())
+    adopted = d.adopt(host)
+    zero = adopted.release
+    assert adopted.verdict == "ADOPTED" and zero and zero.startswith("r0-")
+    snap, history = state(host)
+    assert snap.current == zero and snap.last_good == zero and history[-1]["event"] == "adopt"
+    assert snap.unit.active_state == "active"
+    res = d.deploy(host, good_tree, d.DeployOptions())
+    assert res.verdict == "PASS", res.line()
+    back = d.rollback(host)
+    assert back.release == zero and back.verdict == "PASS", back.line()
+    assert_healthy(host, zero)
+    with connect(host) as r:
+        assert r.read_file(f"/etc/systemd/system/{host.unit}.service") == original_unit
+        assert r.run(f"test -d {host.root}/sglang_ext/backend", check=False).rc == 0  # the original files stay
+
+
+def test_logs_grep_shapes(local: HostConfig, good_tree: Path, good_id: str) -> None:
+    from typer.testing import CliRunner
+
+    from opsctl.cli import app
+
+    ensure_good(local, good_tree, good_id)
+    inv_path = str(Testbed().inventory_path)
+    res = CliRunner().invoke(app, ["--inventory", inv_path, "logs", "local", "--grep", "shapes", "--lines", "300"])
+    assert res.exit_code == 0, res.output
+    assert "shapes" in res.output and "q=(" in res.output and "query tokens" in res.output
+    js = CliRunner().invoke(
+        app, ["--inventory", inv_path, "logs", "local", "--grep", "parity", "--json", "--lines", "300"]
+    )
+    assert js.exit_code == 0 and '"kind": "parity"' in js.output

@@ -1,0 +1,87 @@
+"""Release trees for the testbed tests: real copies of this repository's tree, some with one deliberate change."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from opsctl.release import BUNDLE_DIRS
+
+REPO = Path(__file__).resolve().parents[2]
+# For working on these tests with a stand-in tree; unset in CI, where the repository's own tree is used.
+SOURCE = Path(os.environ.get("KDTREE_DEPLOY_TEST_TREE") or REPO)
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "build", "*.egg-info", ".pytest_cache")
+
+
+def copy_tree(dest: Path, tag: str = "") -> Path:
+    """A copy of the bundle dirs; ``tag`` adds a comment to a file so that the release id differs."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for d in BUNDLE_DIRS:
+        shutil.copytree(SOURCE / d, dest / d, ignore=_IGNORE, dirs_exist_ok=True)
+    if tag:
+        p = dest / "deploy" / "VARIANT"
+        p.write_text(f"{tag}\n")
+    return dest
+
+
+def classic_bug(dest: Path) -> Path:
+    """The marshaling bug of design.md s.2, made the way marshal.py's docstring says: drafts left out of the keys."""
+    tree = copy_tree(dest, "classic-bug")
+    marshal = tree / "backend" / "kdtree_backend" / "marshal.py"
+    lines = marshal.read_text().splitlines(keepends=True)
+    out = []
+    changed = 0
+    for line in lines:
+        if "# kdtree:drafts-appended" in line and not line.lstrip().startswith("#"):
+            indent = re.match(r"\s*", line).group(0)  # type: ignore[union-attr]
+            out.append(f"{indent}pass  # classic bug: drafts not appended ({line.strip()})\n")
+            changed += 1
+        else:
+            out.append(line)
+    assert changed, f"no '# kdtree:drafts-appended' code line in {marshal}"
+    marshal.write_text("".join(out))
+    return tree
+
+
+_SERVICE_MODE = "import sys as _s\n_service = '--steps' in _s.argv and _s.argv[_s.argv.index('--steps') + 1] == '0'\n"
+
+
+def _prepend_to_replay(tree: Path, code: str) -> None:
+    replay = tree / "backend" / "kdtree_backend" / "replay.py"
+    text = replay.read_text()
+    # After a module docstring / __future__ import, so the file stays valid Python.
+    m = re.search(r"^from __future__ import annotations\n", text, re.M)
+    at = m.end() if m else 0
+    replay.write_text(text[:at] + _SERVICE_MODE + code + text[at:])
+
+
+def crash_loop(dest: Path) -> Path:
+    """The service process dies at start (the one-shot pre-restart parity run still works)."""
+    tree = copy_tree(dest, "crash-loop")
+    _prepend_to_replay(
+        tree, "if _service:\n    print('simulated crash at start', flush=True)\n    raise SystemExit(1)\n"
+    )
+    return tree
+
+
+def silent(dest: Path) -> Path:
+    """The service runs but never prints a parity line (e.g. parity mode off or a hang in model load)."""
+    tree = copy_tree(dest, "silent")
+    _prepend_to_replay(tree, "if _service:\n    import time as _t\n    while True:\n        _t.sleep(3600)\n")
+    return tree
+
+
+def build_fails(dest: Path) -> Path:
+    tree = copy_tree(dest, "build-fails")
+    (tree / "deploy" / "build_extension.py").write_text(
+        "import sys\nprint('error: simulated compile failure in verify_attention.cu', file=sys.stderr)\nsys.exit(4)\n"
+    )
+    return tree
+
+
+def slow_build(dest: Path, seconds: int = 60) -> Path:
+    tree = copy_tree(dest, "slow-build")
+    (tree / "deploy" / "build_extension.py").write_text(f"import time\ntime.sleep({seconds})\nraise SystemExit(3)\n")
+    return tree
