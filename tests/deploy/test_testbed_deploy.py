@@ -417,17 +417,36 @@ def test_adopt_then_deploy_then_rollback_to_release_zero(hand_made: HostConfig, 
         assert r.run(f"test -d {host.root}/sglang_ext/backend", check=False).rc == 0  # the original files stay
 
 
-def test_logs_grep_shapes(local: HostConfig, good_tree: Path, good_id: str) -> None:
-    from typer.testing import CliRunner
-
-    from opsctl.cli import app
-
-    ensure_good(local, good_tree, good_id)
+def opsctl(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI, as a user runs it."""
     inv_path = str(Testbed().inventory_path)
-    res = CliRunner().invoke(app, ["--inventory", inv_path, "logs", "local", "--grep", "shapes", "--lines", "300"])
-    assert res.exit_code == 0, res.output
-    assert "shapes" in res.output and "q=(" in res.output and "query tokens" in res.output
-    js = CliRunner().invoke(
-        app, ["--inventory", inv_path, "logs", "local", "--grep", "parity", "--json", "--lines", "300"]
+    return subprocess.run(
+        [sys.executable, "-m", "opsctl", "--inventory", inv_path, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=trees.REPO,
+        env={**os.environ, "COLUMNS": "200"},
     )
-    assert js.exit_code == 0 and '"kind": "parity"' in js.output
+
+
+def test_cli_deploy_status_logs(local: HostConfig, good_tree: Path, good_id: str, tmp_path: Path) -> None:
+    ensure_good(local, good_tree, good_id)
+    # The CLI deploy: progress per step, one verdict line, exit 0 on PASS (testbed inventory settings).
+    tree = trees.copy_tree(tmp_path / "cli", "cli")
+    res = opsctl("deploy", "local", "--yes", "--src", str(tree), "--gate-timeout", "60")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "upload" in res.stdout and "gate" in res.stdout
+    assert f"local: deploy {make_manifest(tree).id} -> PASS" in res.stdout
+    st = opsctl("status", "local", "--json")
+    assert st.returncode == 0 and f'"current": "{make_manifest(tree).id}"' in st.stdout
+    shapes = opsctl("logs", "local", "--grep", "shapes", "--lines", "300")
+    assert shapes.returncode == 0, shapes.stderr
+    assert "shapes" in shapes.stdout and "q=(" in shapes.stdout and "query tokens" in shapes.stdout
+    parity = opsctl("logs", "local", "--grep", "parity", "--json", "--lines", "300")
+    assert parity.returncode == 0 and '"kind": "parity"' in parity.stdout
+    rel = opsctl("releases", "local")
+    assert rel.returncode == 0 and good_id in rel.stdout
+    dry = opsctl("deploy", "local", "--dry-run", "--src", str(good_tree))
+    assert dry.returncode == 0 and "PLANNED" in dry.stdout
+    assert_healthy(local, make_manifest(tree).id)  # the dry run changed nothing
