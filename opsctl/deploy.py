@@ -288,14 +288,18 @@ def _mark(r: Any, host: HostConfig) -> Mark:
 
 
 def restart_unit(r: Any, host: HostConfig) -> Mark:
-    """Record the journal position + old invocation, restart, and read the restart counter baseline."""
+    """Record the journal position + old invocation, restart, and read the restart counter baseline.
+
+    A unit that hit its start limit (a crash loop) is reset first, else systemd refuses the restart. A start job
+    that fails is not an exception here: the gate sees the failed unit and decides."""
     m = _mark(r, host)
-    u = host.unit + ".service"
+    u = shlex.quote(host.unit + ".service")
     out = r.run(
-        f"systemctl restart {shlex.quote(u)} && systemctl show -p NRestarts --value {shlex.quote(u)}",
+        f'systemctl reset-failed {u} 2>/dev/null; systemctl restart {u}; echo "rc=$?"; systemctl show -p NRestarts --value {u}',
         timeout=host.service.start_timeout_s + 60,
-    ).stdout.strip()
-    return Mark(old_invocation=m.old_invocation, cursor=m.cursor, n_restarts=int(out or 0))
+    ).stdout.split()
+    restarts = out[-1] if out and out[-1].isdigit() else "0"
+    return Mark(old_invocation=m.old_invocation, cursor=m.cursor, n_restarts=int(restarts))
 
 
 def run_gate(

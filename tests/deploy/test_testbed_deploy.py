@@ -242,6 +242,27 @@ def test_no_parity_line_before_deadline_rolls_back(
     assert make_manifest(tree).id in snap.bad
 
 
+def test_no_restart_then_restart_rollback_on_fail(
+    tb1: HostConfig, good_tree: Path, good_id: str, tmp_path: Path
+) -> None:
+    ensure_good(tb1, good_tree, good_id)
+    before, _ = state(tb1)
+    tree = trees.crash_loop(tmp_path / "staged", tag="staged-crash")
+    staged = d.deploy(tb1, tree, d.DeployOptions(no_restart=True))
+    assert staged.verdict == "STAGED"
+    snap, _ = state(tb1)
+    assert snap.current == make_manifest(tree).id and snap.unit.invocation_id == before.unit.invocation_id
+    # A plain restart reports the failure and leaves the decision to the user...
+    plain = d.restart(tb1)
+    assert plain.verdict == "FAIL" and plain.rolled_back_to is None
+    assert state(tb1)[0].current == make_manifest(tree).id
+    # ... --rollback-on-fail goes back to the last good release and marks this one bad.
+    res = d.restart(tb1, rollback_on_fail=True)
+    assert res.verdict == "FAIL" and res.rolled_back_to == good_id and res.rollback_verdict == "PASS"
+    snap = assert_healthy(tb1, good_id)
+    assert make_manifest(tree).id in snap.bad
+
+
 # ------------------------------------------------------------------------------------------------ lock, interrupts, faults
 
 

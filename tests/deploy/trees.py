@@ -57,9 +57,9 @@ def _prepend_to_replay(tree: Path, code: str) -> None:
     replay.write_text(text[:at] + _SERVICE_MODE + code + text[at:])
 
 
-def crash_loop(dest: Path) -> Path:
+def crash_loop(dest: Path, tag: str = "crash-loop") -> Path:
     """The service process dies at start (the one-shot pre-restart parity run still works)."""
-    tree = copy_tree(dest, "crash-loop")
+    tree = copy_tree(dest, tag)
     _prepend_to_replay(
         tree, "if _service:\n    print('simulated crash at start', flush=True)\n    raise SystemExit(1)\n"
     )
