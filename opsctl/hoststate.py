@@ -142,7 +142,8 @@ class HostSnapshot:
 
     @property
     def is_virgin(self) -> bool:
-        return not self.root_exists and not self.unit.exists
+        """No unit and nothing in the root but opsctl's own entries (an interrupted first deploy leaves state/)."""
+        return not self.unit.exists and not self.other_root_entries
 
 
 def snapshot_command(root: str, unit: str) -> str:
