@@ -2,20 +2,24 @@
 
 Layout of the state directory ($OPSCTL_TESTBED_DIR, default ./.testbed):
 
-    cache/rootfs-<key>/        debootstrap'ed bookworm + CPU torch, built once (key = hash of the recipe); built
-                               in rootfs-<key>.building-<pid>/ and renamed when complete, so a half build is never used
+    cache/rootfs-<key>/        debootstrap'ed bookworm + CPU torch/numpy, built once (key = hash of the recipe;
+                               $OPSCTL_TESTBED_CACHE shares one cache between testbeds); built in
+                               rootfs-<key>.building-<pid>/ and renamed when complete, so a half build is never used
     id_ed25519[.pub]           the client key root logs in with on every host
     known_hosts                every host's own (generated) host key, so strict checking works from the start
     inventory.yaml             hosts local, tb1..tbN; groups testbed (all) and fleet (tb1..tbN)
-    hosts/<name>/rootfs/       the host's copy of the cached rootfs
-    hosts/<name>/disk/         a size-limited tmpfs mounted here on this machine and bound to /root in the host:
-                               the release root's filesystem. It outlives a power-off (like a disk) and is what
-                               fill_disk/free_disk shrink and restore
-    hosts/<name>/state.json    the systemd-nspawn pid, the container's pid namespace, port, boot time
+    hosts/<name>/upper/        the host's own layer: machine-id, hostname, host key, sshd port, and all it writes
+    hosts/<name>/rootfs/       the host's "/": overlayfs of upper/ over the cached rootfs. (A per-host copy took
+                               25-75 s per host on a shared disk; the overlay is instant and the cache is read-only.)
+    hosts/<name>/disk/         a size-limited tmpfs bound to /root in the host: the release root's filesystem.
+                               It outlives a power-off (like a disk); fill_disk/free_disk shrink and restore it
+    hosts/<name>/state.json    the systemd-nspawn pid, port, boot time
     hosts/<name>/console.log   the host's console
 
-Each host: systemd as PID 1 (journald persistent), sshd on 127.0.0.1:<port_base + index> (the host network is
-shared), its own machine-id, hostname and host keys. Nothing is mocked: opsctl talks to them as to any host.
+Each host: systemd as PID 1 (persistent journald), sshd on 127.0.0.1:<port_base + index> (the host network is
+shared; local = index 0), its own machine-id, hostname and host key. Nothing is mocked: opsctl talks to them as
+to any host. Mount sources and machine names carry ``kdtb-<tag>-`` (tag = hash of the state directory), which is
+how `down` proves nothing of this testbed is left.
 """
 
 from __future__ import annotations
@@ -186,9 +190,10 @@ class HostState:
     machine: str
     pid: int | None = None  # systemd-nspawn
     init_pid: int | None = None  # the container's systemd (PID 1 inside)
-    pidns: str | None = None  # the container's pid namespace, to prove nothing of it is left after down
+    pidns: str | None = None  # the container's pid namespace (informational: the kernel reuses the ids)
     booted_at: float | None = None
     boot_s: float | None = None
+    base: str | None = None  # the cached rootfs below this host's overlay
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,30 @@ def _pidns(pid: int) -> str | None:
         return None
 
 
+def _container_init(nspawn_pid: int) -> int | None:
+    """The container's PID 1: the child of systemd-nspawn that lives in a pid namespace of its own (nspawn's
+    short-lived helper children share ours)."""
+    ours = _pidns(os.getpid())
+    for kid in _children(nspawn_pid):
+        ns = _pidns(kid)
+        if ns is not None and ns != ours:
+            return kid
+    return None
+
+
+def _root_mount(pid: int) -> tuple[str, str] | None:
+    """What a process sees as "/": (path inside its filesystem, mount source), from its mountinfo."""
+    try:
+        for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+            fields = line.split()
+            if fields[4] == "/":
+                after_dash = fields[fields.index("-") + 1 :]
+                return fields[3], after_dash[1] if len(after_dash) > 1 else ""
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
 def _sshd_answers(port: int, timeout: float = 1.0) -> bool:
     """True when something on 127.0.0.1:port sends an SSH banner."""
     try:
@@ -301,6 +330,8 @@ def _run(argv: list[str], *, log_file: Path | None = None, timeout: float | None
 
 class Testbed:
     """One testbed: a state directory, a rootfs cache and a port range."""
+
+    __test__ = False  # not a pytest test class
 
     def __init__(
         self, state_dir: Path | str | None = None, *, cache_dir: Path | str | None = None, port_base: int | None = None
@@ -502,41 +533,57 @@ class Testbed:
             _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "opsctl-testbed", "-f", str(self.client_key)])
 
     def _provision(self, name: str, base: Path) -> None:
-        """A fresh host directory: copy of the rootfs, identity, host key, authorized key, sshd port."""
+        """A fresh host directory: an overlay over the cached rootfs (its own upper layer), identity, host key,
+        authorized key, sshd port. Everything is written into the upper layer before anything is mounted, and
+        the directory is renamed into place when complete."""
         hdir = self.host_dir(name)
         if hdir.exists():
-            self._umount_disk(name)
+            self._umount_all(name)
             shutil.rmtree(hdir)
         tmp = self.hosts_dir / f".{name}.provisioning"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        _run(["cp", "--reflink=auto", "-a", str(base), str(tmp / "rootfs")], what=f"copy of the rootfs for {name}")
-        root = tmp / "rootfs"
-        (root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
-        (root / "etc/hostname").write_text(name + "\n")
-        hosts = (root / "etc/hosts").read_text() if (root / "etc/hosts").exists() else ""
-        (root / "etc/hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n" + hosts)
-        key = root / "etc/ssh/ssh_host_ed25519_key"
+        for sub in ("upper/etc/ssh/sshd_config.d", "work", "rootfs", "disk", "root-skel"):
+            (tmp / sub).mkdir(parents=True)
+        upper = tmp / "upper"
+        (upper / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
+        (upper / "etc/hostname").write_text(name + "\n")
+        hosts = (base / "etc/hosts").read_text() if (base / "etc/hosts").exists() else ""
+        (upper / "etc/hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n" + hosts)
+        key = upper / "etc/ssh/ssh_host_ed25519_key"
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(key)])
         port = self.port_base + host_index(name)
-        (root / "etc/ssh/sshd_config.d/opsctl-testbed.conf").write_text(
+        (upper / "etc/ssh/sshd_config.d/opsctl-testbed.conf").write_text(
             "# opsctl testbed: the host network is shared, so each host listens on its own loopback port.\n"
             f"Port {port}\nListenAddress 127.0.0.1\nHostKey /etc/ssh/ssh_host_ed25519_key\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "UseDNS no\nMaxStartups 100:30:200\nMaxSessions 64\n"
         )
-        # /root is the host's "disk" (see _mount_disk): its initial content lives in the tmpfs.
-        (tmp / "disk").mkdir()
-        (tmp / "root-skel").mkdir()
-        for item in (root / "root").iterdir():
-            shutil.move(str(item), tmp / "root-skel" / item.name)
+        # /root is the host's "disk" (see _mount_disk); its initial content is copied in when that is mounted.
+        _run(["cp", "-a", f"{base}/root/.", str(tmp / "root-skel")], what=f"copy of /root for {name}")
         ssh_dir = tmp / "root-skel/.ssh"
         ssh_dir.mkdir(mode=0o700, exist_ok=True)
         shutil.copy(self.client_key.with_suffix(".pub"), ssh_dir / "authorized_keys")
         os.chmod(ssh_dir / "authorized_keys", 0o600)
-        st = HostState(name=name, port=port, machine=self.machine(name))
         tmp.rename(hdir)
-        self._save(st)
+        self._save(HostState(name=name, port=port, machine=self.machine(name), base=str(base)))
+
+    def _mount_rootfs(self, name: str) -> None:
+        """The host's "/": overlayfs, the cached rootfs below (read-only, shared), the host's own layer above."""
+        rootfs = self.rootfs(name)
+        if os.path.ismount(rootfs) or not (self.host_dir(name) / "upper").is_dir():
+            return  # mounted already, or a full copy made by an older opsctl
+        st = self._state(name)
+        base = Path(st.base or self.cached_rootfs())
+        if not (base / "etc/opsctl-testbed-recipe").is_file():
+            raise TestbedError(f"{name}'s base rootfs {base} is gone; `opsctl testbed down` and up again")
+        hdir = self.host_dir(name)
+        opts = f"lowerdir={base},upperdir={hdir / 'upper'},workdir={hdir / 'work'}"
+        _run(["mount", "-t", "overlay", "-o", opts, self.machine(name), str(rootfs)], what=f"mount of {name}'s /")
+
+    def _umount_all(self, name: str) -> None:
+        for path in (self.disk(name), self.rootfs(name)):
+            if os.path.ismount(path):
+                _run(["umount", str(path)], what=f"umount {path}")
 
     def _mount_disk(self, name: str) -> None:
         disk = self.disk(name)
@@ -544,23 +591,23 @@ class Testbed:
             return
         disk.mkdir(exist_ok=True)
         _run(
-            ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m,mode=0700", f"opsctl-testbed-{name}", str(disk)],
+            ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m,mode=0700", f"{self.machine(name)}-disk", str(disk)],
             what=f"mount of {name}'s disk",
         )
         skel = self.host_dir(name) / "root-skel"
         if skel.is_dir():
             _run(["cp", "-a", f"{skel}/.", str(disk)], what=f"fill of {name}'s /root")
 
-    def _umount_disk(self, name: str) -> None:
-        disk = self.disk(name)
-        if os.path.ismount(disk):
-            _run(["umount", str(disk)], what=f"umount {disk}")
-
     def _write_known_hosts_and_inventory(self) -> None:
         names = self.provisioned()
         lines = []
         for name in names:
-            pub = (self.rootfs(name) / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+            layer = self.host_dir(name) / "upper"
+            pub = (
+                ((layer if layer.is_dir() else self.rootfs(name)) / "etc/ssh/ssh_host_ed25519_key.pub")
+                .read_text()
+                .split()
+            )
             lines.append(f"[127.0.0.1]:{self.port_base + host_index(name)} {pub[0]} {pub[1]}\n")
         tmp = self.known_hosts.with_suffix(".tmp")
         tmp.write_text("".join(lines))
@@ -581,6 +628,7 @@ class Testbed:
                 f"port {st.port} on 127.0.0.1 is already in use, so {name}'s sshd cannot listen there; stop what "
                 f"uses it or pick other ports with {PORT_BASE_ENV}"
             )
+        self._mount_rootfs(name)
         self._mount_disk(name)
         console = self.host_dir(name) / "console.log"
         argv = [
@@ -601,9 +649,8 @@ class Testbed:
                 tail = "\n".join(console.read_text(errors="replace").splitlines()[-15:])
                 raise TestbedError(f"{name} did not boot: systemd-nspawn exited {proc.returncode}; {console}:\n{tail}")
             if st.init_pid is None:
-                kids = _children(proc.pid)
-                if kids:
-                    st.init_pid, st.pidns = kids[0], _pidns(kids[0])
+                st.init_pid = _container_init(proc.pid)
+                st.pidns = _pidns(st.init_pid) if st.init_pid else None
             if _sshd_answers(st.port, timeout=0.5):
                 st.boot_s = time.monotonic() - start
                 self._save(st)
@@ -616,10 +663,10 @@ class Testbed:
     def _stop(self, name: str, *, hard: bool) -> None:
         """Shut a host down (SIGTERM to nspawn: orderly poweroff) or kill it (SIGKILL to its PID 1)."""
         st = self._state(name)
-        if not _proc_alive(st.pid):
+        if not self.running(name):  # also guards against a recycled pid
             return
         assert st.pid is not None
-        init = st.init_pid or next(iter(_children(st.pid)), None)
+        init = _container_init(st.pid)
         if hard and init:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(init, signal.SIGKILL)  # the kernel kills the whole pid namespace with it
@@ -694,61 +741,54 @@ class Testbed:
         )
 
     def down(self, log: Log = _quiet) -> list[str]:
-        """Stop every host, unmount their disks, remove their directories. Returns leftovers found (and killed)."""
+        """Stop every host, unmount its layers, remove its directory (the rootfs cache stays). Returns what was
+        left over and had to be killed or unmounted; raises if anything is still there afterwards."""
         with self._locked():
             names = self.provisioned()
-            pidns = set()
             for name in names:
-                st = self._state(name)
-                if st.pidns:
-                    pidns.add(st.pidns)
+                t = time.monotonic()
                 self._stop(name, hard=False)
-                log(f"{name}: stopped")
-            leftovers = self.leftovers(pidns)
-            self._kill_leftovers(leftovers)
+                log(f"{name}: stopped in {time.monotonic() - t:.1f}s")
+            stray = self.leftover_processes()
+            for item in stray:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(item.split()[1]), signal.SIGKILL)
+            if stray:
+                time.sleep(0.5)
             for name in names:
-                self._umount_disk(name)
+                self._umount_all(name)
+            stray += self.leftover_mounts()
+            for mountpoint in self.leftover_mounts():
+                subprocess.run(["umount", "-l", mountpoint.split()[1]], check=False, stdin=subprocess.DEVNULL)
+            for name in names:
                 shutil.rmtree(self.host_dir(name))
             for path in (self.known_hosts, self.inventory_path):
                 path.unlink(missing_ok=True)
-            for stale in self.hosts_dir.glob(".*.provisioning") if self.hosts_dir.is_dir() else ():
-                shutil.rmtree(stale, ignore_errors=True)
-            after = self.leftovers(pidns)
+            for tmp in self.hosts_dir.glob(".*.provisioning") if self.hosts_dir.is_dir() else ():
+                shutil.rmtree(tmp, ignore_errors=True)
+            after = self.leftover_processes() + self.leftover_mounts()
             if after:
                 raise TestbedError(f"testbed down left these behind: {'; '.join(after)}")
-            return leftovers
+            return stray
 
-    def leftovers(self, pidns: set[str] | None = None) -> list[str]:
-        """Processes of this testbed (nspawn or anything in a host's pid namespace) and mounts under its dir."""
+    def leftover_processes(self) -> list[str]:
+        """Processes of this testbed: its systemd-nspawns and anything whose "/" is one of its hosts' overlays.
+        (Not by pid namespace id: the kernel reuses those, and another testbed's host could match.)"""
         found = []
         marker = f"kdtb-{self.tag}-"
         for d in Path("/proc").iterdir():
-            if not d.name.isdigit() or int(d.name) == os.getpid():
+            if not d.name.isdigit() or int(d.name) == os.getpid() or not _proc_alive(int(d.name)):
                 continue
-            pid = int(d.name)
-            if not _proc_alive(pid):
-                continue
-            args = _cmdline(pid)
-            ns = _pidns(pid)
-            if any(a.startswith("--machine=" + marker) for a in args) or (pidns and ns in pidns):
-                found.append(f"process {pid} {' '.join(args)[:120]}")
-        prefix = str(self.state_dir) + "/"
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            mountpoint = line.split()[4]
-            if mountpoint.startswith(prefix):
-                found.append(f"mount {mountpoint}")
+            args = _cmdline(int(d.name))
+            root = _root_mount(int(d.name))
+            if any(a.startswith(f"--machine={marker}") for a in args) or (root and root[1].startswith(marker)):
+                found.append(f"process {d.name} {' '.join(args)[:120]}")
         return found
 
-    def _kill_leftovers(self, leftovers: list[str]) -> None:
-        for item in leftovers:
-            kind, ident = item.split()[:2]
-            if kind == "process":
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(ident), signal.SIGKILL)
-            elif kind == "mount":
-                subprocess.run(["umount", "-l", ident], check=False, stdin=subprocess.DEVNULL)
-        if leftovers:
-            time.sleep(0.5)
+    def leftover_mounts(self) -> list[str]:
+        prefix = f"{self.state_dir}/"
+        mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        return [f"mount {m}" for m in mounts if m.startswith(prefix)]
 
     def status(self) -> list[HostStatus]:
         out = []
