@@ -140,7 +140,15 @@ def prerequisite_problem(euid: int, missing: dict[str, str]) -> str | None:
     return "; ".join(problems) or None
 
 
-def inventory_text(testbed: Testbed, names: list[str]) -> str:
+def free_port_base(start: int, width: int, in_use: Callable[[int], bool], step: int = 10, tries: int = 100) -> int:
+    """The first base from ``start`` (in steps) whose ``width`` ports are all free."""
+    for base in range(start, start + step * tries, step):
+        if base + width <= 65535 and not any(in_use(p) for p in range(base, base + width)):
+            return base
+    raise TestbedError(f"no {width} free loopback ports from {start} on; set {PORT_BASE_ENV}")
+
+
+def inventory_text(testbed: Testbed, ports: dict[str, int]) -> str:
     """The testbed's inventory.yaml. Short gate deadlines: the replay service prints parity lines at once."""
     lines = [
         f"# Written by `opsctl testbed up` for the hosts under {testbed.state_dir}. Regenerated on every up.",
@@ -166,14 +174,14 @@ def inventory_text(testbed: Testbed, names: list[str]) -> str:
         "    python: /usr/bin/python3",
         "hosts:",
     ]
+    names = sorted(ports, key=host_index)
     for name in names:
-        i = host_index(name)
         lines += [
             f"  {name}:",
             "    address: 127.0.0.1",
-            f"    port: {testbed.port_base + i}",
+            f"    port: {ports[name]}",
             "    service:",
-            f"      port: {30000 + i}   # hosts share the network: each its own service port",
+            f"      port: {30000 + (ports[name] - DEFAULT_PORT_BASE) % 5000}   # the network is shared: own port each",
         ]
     fleet = [n for n in names if n != "local"]
     lines += ["groups:", f"  testbed: [{', '.join(names)}]", f"  fleet: [{', '.join(fleet)}]", ""]
@@ -339,7 +347,13 @@ class Testbed:
         self.state_dir = Path(state_dir or os.environ.get(STATE_ENV) or DEFAULT_STATE_DIR).absolute()
         cache = cache_dir or os.environ.get(CACHE_ENV)
         self.cache_dir = Path(cache).absolute() if cache else self.state_dir / "cache"
-        self.port_base = port_base or int(os.environ.get(PORT_BASE_ENV) or DEFAULT_PORT_BASE)
+        # The base in use is recorded while hosts exist (it may have been moved past busy ports at the first up).
+        recorded = self.state_dir / "port_base"
+        self.port_base = (
+            int(recorded.read_text())
+            if recorded.is_file()
+            else (port_base or int(os.environ.get(PORT_BASE_ENV) or DEFAULT_PORT_BASE))
+        )
         # Machine names must not clash between two testbeds on one machine.
         self.tag = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:6]
 
@@ -608,12 +622,12 @@ class Testbed:
                 .read_text()
                 .split()
             )
-            lines.append(f"[127.0.0.1]:{self.port_base + host_index(name)} {pub[0]} {pub[1]}\n")
+            lines.append(f"[127.0.0.1]:{self._state(name).port} {pub[0]} {pub[1]}\n")
         tmp = self.known_hosts.with_suffix(".tmp")
         tmp.write_text("".join(lines))
         tmp.replace(self.known_hosts)
         tmp = self.inventory_path.with_suffix(".tmp")
-        tmp.write_text(inventory_text(self, names))
+        tmp.write_text(inventory_text(self, {name: self._state(name).port for name in names}))
         tmp.replace(self.inventory_path)
 
     # -- power -------------------------------------------------------------------------------------------------
@@ -718,6 +732,12 @@ class Testbed:
             log(f"rootfs: {base} ({how})")
             self._ensure_client_key()
             names = host_names(count)
+            if not self.provisioned():
+                first_port = free_port_base(self.port_base, count + 1, _port_in_use)
+                if first_port != self.port_base:
+                    log(f"ports {self.port_base}.. are in use here: this testbed uses {first_port}..")
+                self.port_base = first_port
+                (self.state_dir / "port_base").write_text(f"{first_port}\n")
             t = time.monotonic()
             for name in names:
                 if name not in self.provisioned():
@@ -762,7 +782,7 @@ class Testbed:
                 subprocess.run(["umount", "-l", mountpoint.split()[1]], check=False, stdin=subprocess.DEVNULL)
             for name in names:
                 shutil.rmtree(self.host_dir(name))
-            for path in (self.known_hosts, self.inventory_path):
+            for path in (self.known_hosts, self.inventory_path, self.state_dir / "port_base"):
                 path.unlink(missing_ok=True)
             for tmp in self.hosts_dir.glob(".*.provisioning") if self.hosts_dir.is_dir() else ():
                 shutil.rmtree(tmp, ignore_errors=True)
