@@ -1,0 +1,346 @@
+"""Benchmark: the kdtree verify kernel vs SGLang 0.5.23's Triton extend_attention_fwd (and verify_shared_kv_fwd
+on chain masks) on identical SGLang-shaped inputs, with the two roofline ceilings measured in the same run.
+
+    python kernel/bench/bench_verify.py --sglang-site /tmp/site --out kernel/bench/results-h200.json
+
+Timing: every path is captured in a CUDA graph of several calls (as SGLang replays verify) and timed with
+triton.testing.do_bench (median). Calls rotate over several input sets so small problems are not served from
+L2. Writes the JSON (design.md s.1a schema) and a markdown table beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+from kdtree_kernel import load_extension, verify_attention, verify_attention_reference, workspace_size
+from kdtree_kernel.ops import BLOCK_N_ENV
+from kdtree_kernel.plan import HEAD_DIM, TILE_CONFIGS, VALUE_DIM
+from kdtree_kernel.testing import VerifyCase, make_case, rel_error
+
+SM_SCALE = 0.14468
+FLOP_PER_KEY_ROW = 2 * HEAD_DIM + 2 * VALUE_DIM  # QK + PV per (query row, key)
+ROTATION_BYTES = 256 * 2**20  # input sets per timing span at least this many bytes (> 4x the 60 MB L2)
+CALLS_PER_GRAPH = 20
+
+# design.md s.8 grid, the baseline tool's extra cases, bs 128 x 4096, and q_len 32/64 cases.
+TREE_CASES = [
+    (1, 1024, 9, 8),
+    (1, 8192, 9, 8),
+    (1, 32768, 9, 8),
+    (8, 8192, 9, 8),
+    (32, 4096, 9, 8),
+    (64, 8192, 9, 8),
+    (128, 4096, 9, 8),
+    (32, 32768, 16, 8),
+    (8, 8192, 32, 8),
+    (32, 4096, 32, 8),
+    (8, 8192, 64, 16),
+    (1, 8192, 64, 8),
+    (32, 4096, 64, 8),
+]
+CHAIN_CASES = [
+    (1, 1024, 9, 8),
+    (1, 8192, 9, 8),
+    (1, 32768, 9, 8),
+    (8, 8192, 9, 8),
+    (32, 4096, 9, 8),
+    (64, 8192, 9, 8),
+    (128, 4096, 9, 8),
+]
+
+
+@dataclass
+class Ceilings:
+    copy_gbps: float
+    mma_tflops: float
+    cublas_tflops: float
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def median_ms(fn: Callable[[], object]) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def measure_ceilings() -> Ceilings:
+    src = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(functools.partial(dst.copy_, src))
+    copy_gbps = 2 * src.numel() / copy_ms / 1e6
+    del src, dst
+    ext = load_extension()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sink = torch.zeros(sms * 8, dtype=torch.float32, device="cuda")
+    best = 0.0
+    for warps, blocks_per_sm in ((4, 4), (8, 2), (8, 4), (16, 2)):
+        blocks = sms * blocks_per_sm
+        flops = ext.mma_rate_probe(sink, blocks, warps, 4096)
+        ms = median_ms(lambda b=blocks, w=warps: ext.mma_rate_probe(sink, b, w, 4096))
+        best = max(best, flops / ms / 1e9)
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    mm_ms = median_ms(lambda: a @ b)
+    return Ceilings(copy_gbps, best, 2 * 8192**3 / mm_ms / 1e9)
+
+
+def case_bytes(c: VerifyCase) -> int:
+    """Fewest bytes a verify must move: every key row once, q once, the output once."""
+    t = c.bs * c.q_len
+    return c.kv_tokens * HEAD_DIM * 2 + t * c.heads * (HEAD_DIM + VALUE_DIM) * 2
+
+
+def case_flops(c: VerifyCase) -> float:
+    return float(sum(c.q_len * c.heads * (p + c.q_len) * FLOP_PER_KEY_ROW for p in c.prefix_lens))
+
+
+def graph_time_us(calls: list[Callable[[], object]]) -> float:
+    """Median time per call of a CUDA graph replaying ``calls`` round-robin (CALLS_PER_GRAPH in all)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    n = max(CALLS_PER_GRAPH, len(calls))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n):
+            calls[i % len(calls)]()
+    return median_ms(graph.replay) * 1e3 / n
+
+
+def eager_time_us(calls: list[Callable[[], object]]) -> float:
+    state = {"i": 0}
+
+    def step() -> None:
+        calls[state["i"] % len(calls)]()
+        state["i"] += 1
+
+    return median_ms(step) * 1e3
+
+
+class CaseRunner:
+    """One benchmark case: input sets, our op and SGLang's kernels bound to preallocated outputs."""
+
+    def __init__(self, bs: int, prefix: int, q_len: int, heads: int, kind: str, seed: int) -> None:
+        one = (bs * (prefix + q_len) + 64) * HEAD_DIM * 2
+        n_sets = max(1, min(32, math.ceil(ROTATION_BYTES / one)))
+        self.cases = [make_case(bs, prefix, q_len, heads, kind=kind, seed=seed + i) for i in range(n_sets)]  # type: ignore[arg-type]
+        c = self.cases[0]
+        t = bs * q_len
+        self.out = torch.empty(t, heads, VALUE_DIM, dtype=torch.bfloat16, device="cuda")
+        self.tri_out = torch.empty_like(self.out)
+        self.skv_out = torch.empty_like(self.out)
+        self.ws = torch.empty(max(1, workspace_size(bs, q_len, heads, prefix)), dtype=torch.uint8, device="cuda")
+        self.ext = [(x, x.kv_buffer[x.draft_loc].contiguous()) for x in self.cases]
+        self.c = c
+
+    def ours(self, x: VerifyCase) -> Callable[[], object]:
+        return lambda: verify_attention(
+            x.q,
+            x.kv_buffer,
+            x.kv_indptr,
+            x.kv_indices,
+            x.qo_indptr,
+            x.draft_mask,
+            SM_SCALE,
+            q_len=x.q_len,
+            max_prefix_len=x.max_prefix,
+            out=self.out,
+            workspace=self.ws,
+        )
+
+    def triton_extend(self, extend, x: VerifyCase, k_ext: torch.Tensor) -> Callable[[], object]:
+        v_ext = k_ext[..., :VALUE_DIM]
+        return lambda: extend.extend_attention_fwd(
+            x.q,
+            k_ext,
+            v_ext,
+            self.tri_out,
+            x.kv_buffer,
+            x.kv_buffer[..., :VALUE_DIM],
+            x.qo_indptr,
+            x.sgl_kv_indptr,
+            x.sgl_kv_indices,
+            x.custom_mask,
+            True,
+            x.mask_indptr,
+            x.q_len,
+            1.0,
+            1.0,
+            sm_scale=SM_SCALE,
+            skip_prefix_custom_mask=True,
+        )
+
+    def shared_kv(self, verify, x: VerifyCase, k_ext: torch.Tensor) -> Callable[[], object]:
+        v_ext = k_ext[..., :VALUE_DIM].contiguous()
+        return lambda: verify.verify_shared_kv_fwd(
+            x.q,
+            k_ext,
+            v_ext,
+            self.skv_out,
+            x.kv_buffer,
+            x.kv_buffer[..., :VALUE_DIM],
+            x.qo_indptr,
+            x.sgl_kv_indptr,
+            x.sgl_kv_indices,
+            None,
+            True,
+            x.mask_indptr,
+            x.q_len,
+            1.0,
+            1.0,
+            sm_scale=SM_SCALE,
+            max_bs=x.bs,
+        )
+
+
+def timed(calls: list[Callable[[], object]]) -> float:
+    try:
+        return graph_time_us(calls)
+    except Exception as exc:  # a path that cannot be captured is timed eagerly (noted in the log)
+        log(f"  graph capture failed ({type(exc).__name__}: {str(exc)[:120]}); timing eagerly")
+        torch.cuda.synchronize()
+        return eager_time_us(calls)
+
+
+def run_case(
+    extend, verify, ceil: Ceilings, bs: int, prefix: int, q_len: int, heads: int, kind: str, seed: int
+) -> dict:
+    r = CaseRunner(bs, prefix, q_len, heads, kind, seed)
+    c = r.c
+    r.ours(c)()
+    r.triton_extend(extend, c, r.ext[0][1])()
+    torch.cuda.synchronize()
+    ref = verify_attention_reference(c.q, c.kv_buffer, c.kv_indptr, c.kv_indices, c.qo_indptr, c.draft_mask, SM_SCALE)
+    err = rel_error(r.out, ref)
+    tri_err = rel_error(r.tri_out, ref)
+    del ref
+    kernel_us = timed([r.ours(x) for x in r.cases])
+    triton_us = timed([r.triton_extend(extend, x, k) for x, k in r.ext])
+    shared_us = None
+    alt_us = {}
+    for block_n in TILE_CONFIGS:
+        os.environ[BLOCK_N_ENV] = str(block_n)
+        alt_us[block_n] = round(timed([r.ours(x) for x in r.cases]), 2)
+    os.environ.pop(BLOCK_N_ENV)
+    if kind == "chain" and verify is not None:
+        r.ours(c)()  # our output for input set 0 again (the timing loops rotated over the sets)
+        ran = r.shared_kv(verify, c, r.ext[0][1])()
+        torch.cuda.synchronize()
+        if ran:
+            log(f"  shared_kv vs ours rel {rel_error(r.skv_out, r.out):.2e}")
+            shared_us = timed([r.shared_kv(verify, x, k) for x, k in r.ext])
+    floor_us = max(case_bytes(c) / ceil.copy_gbps / 1e3, case_flops(c) / ceil.mma_tflops / 1e6)
+    rec = {
+        "mask": kind,
+        "bs": bs,
+        "prefix": prefix,
+        "q_len": q_len,
+        "H": heads,
+        "kernel_us": round(kernel_us, 2),
+        "triton_us": round(triton_us, 1),
+        "speedup": round(triton_us / kernel_us, 1),
+        "shared_kv_us": None if shared_us is None else round(shared_us, 1),
+        "roofline_frac": round(floor_us / kernel_us, 3),
+        "rel_err": float(f"{err:.3e}"),
+    }
+    extra = {
+        "GBps": round(case_bytes(c) / kernel_us / 1e3),
+        "TFLOPs": round(case_flops(c) / kernel_us / 1e6, 1),
+        "floor_us": round(floor_us, 2),
+        "kv_tokens": c.kv_tokens,
+        "triton_rel_err": float(f"{tri_err:.3e}"),
+        "sets": len(r.cases),
+        "us_by_block_n": alt_us,
+    }
+    return {"rec": rec, "extra": extra}
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def write_markdown(path: Path, result: dict, extras: list[dict], cublas: float) -> None:
+    cases = result["cases"]
+    tree = [c["speedup"] for c in cases]
+    lines = [
+        f"# kdtree verify kernel vs SGLang 0.5.23 Triton on {result['device']}",
+        "",
+        f"Ceilings measured in this run: copy {result['copy_GBps']:.0f} GB/s, mma.sync bf16 "
+        f"{result['mma_TFLOPs']:.0f} TFLOP/s (cuBLAS bf16 {cublas:.0f} TFLOP/s, wgmma, for reference).",
+        f"Geometric-mean speedup over extend_attention_fwd: {geomean(tree):.1f}x (min {min(tree):.1f}x) over "
+        f"{len(tree)} cases. Times are medians of CUDA-graph replays, inputs rotated past L2.",
+        "",
+        "| mask | bs | prefix | q_len | H | kernel us | Triton us | speedup | shared_kv us | vs shared_kv "
+        "| GB/s | TFLOP/s | floor us | roofline | rel err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c, e in zip(cases, extras, strict=True):
+        skv = "" if c["shared_kv_us"] is None else f"{c['shared_kv_us']:.1f}"
+        vs = "" if c["shared_kv_us"] is None else f"{c['shared_kv_us'] / c['kernel_us']:.1f}x"
+        lines.append(
+            f"| {c['mask']} | {c['bs']} | {c['prefix']} | {c['q_len']} | {c['H']} | {c['kernel_us']:.1f} | "
+            f"{c['triton_us']:.0f} | {c['speedup']:.1f}x | {skv} | {vs} | {e['GBps']} | {e['TFLOPs']} | "
+            f"{e['floor_us']:.1f} | {c['roofline_frac']:.0%} | {c['rel_err']:.1e} |"
+        )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sglang-site", default="/tmp/site", help="dir with the sglang wheel unpacked")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results-h200.json"))
+    parser.add_argument("--quick", action="store_true", help="first three tree cases only")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from sglang_triton import load_sglang_attention
+
+    extend, verify = load_sglang_attention(args.sglang_site)
+    started = time.time()
+    ceil = measure_ceilings()
+    log(
+        f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, mma.sync {ceil.mma_tflops:.0f} TF/s, cuBLAS {ceil.cublas_tflops:.0f} TF/s"
+    )
+    plan = [("tree", *c) for c in TREE_CASES] + [("chain", *c) for c in CHAIN_CASES]
+    if args.quick:
+        plan = plan[:3]
+    cases, extras = [], []
+    for i, (kind, bs, prefix, q_len, heads) in enumerate(plan):
+        got = run_case(extend, verify, ceil, bs, prefix, q_len, heads, kind, seed=1000 * i)
+        cases.append(got["rec"])
+        extras.append(got["extra"])
+        log(json.dumps({**got["rec"], **got["extra"]}))
+        torch.cuda.empty_cache()
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "copy_GBps": round(ceil.copy_gbps),
+        "mma_TFLOPs": round(ceil.mma_tflops, 1),
+        "cases": cases,
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_markdown(args.out.with_suffix(".md"), result, extras, ceil.cublas_tflops)
+    args.out.with_suffix(".extra.json").write_text(
+        json.dumps({"cublas_TFLOPs": round(ceil.cublas_tflops, 1), "cases": extras}, indent=1) + "\n"
+    )
+    log(f"done in {time.time() - started:.0f} s")
+    print(args.out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

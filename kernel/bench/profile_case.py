@@ -1,0 +1,41 @@
+"""Runs one verify case a few times so that ncu can profile the kernel (see run_device.sh stage `profile`).
+
+    ncu --clock-control none -k regex:verify_attention_kernel -c 1 --section ... \\
+        python3 kernel/bench/profile_case.py --bs 64 --prefix 8192 --q-len 9 --heads 8
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from kdtree_kernel import verify_attention
+from kdtree_kernel.testing import make_case
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--bs", type=int, default=64)
+    parser.add_argument("--prefix", type=int, default=8192)
+    parser.add_argument("--q-len", type=int, default=9)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=3)
+    args = parser.parse_args()
+    case = make_case(args.bs, args.prefix, args.q_len, args.heads)
+    for _ in range(args.calls):
+        verify_attention(
+            case.q,
+            case.kv_buffer,
+            case.kv_indptr,
+            case.kv_indices,
+            case.qo_indptr,
+            case.draft_mask,
+            0.14468,
+            q_len=case.q_len,
+            max_prefix_len=case.max_prefix,
+        )
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

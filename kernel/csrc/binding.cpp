@@ -1,0 +1,135 @@
+// Thin torch binding: checks tensor metadata (never device data, so no host sync), then enqueues the kernels
+// on the current stream. The launch plan (row groups, splits, chunk) comes from Python (kdtree_kernel.plan).
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include <optional>
+
+#include "mma_rate.h"
+#include "verify_attention.h"
+
+namespace {
+
+void check_cuda(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+}
+
+void check_int32_vector(const at::Tensor& t, const char* name) {
+  check_cuda(t, name);
+  TORCH_CHECK(t.dim() == 1 && t.scalar_type() == at::kInt && t.is_contiguous(), name,
+              " must be a contiguous int32 vector");
+}
+
+void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, const at::Tensor& kv_indptr,
+                             const at::Tensor& kv_indices, const at::Tensor& qo_indptr,
+                             const at::Tensor& draft_mask, const at::Tensor& out,
+                             const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& workspace,
+                             double sm_scale, int64_t q_len, int64_t row_groups, int64_t row_blocks,
+                             int64_t splits, int64_t chunk_keys, int64_t block_n) {
+  check_cuda(q, "q");
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == kdtree::kHeadDim && q.stride(2) == 1 && q.scalar_type() == at::kBFloat16,
+              "q must be bf16 [T, H, 576] with a contiguous last dim");
+  check_cuda(kv_buffer, "kv_buffer");
+  TORCH_CHECK(kv_buffer.scalar_type() == at::kBFloat16, "kv_buffer must be bf16");
+  TORCH_CHECK((kv_buffer.dim() == 2 || (kv_buffer.dim() == 3 && kv_buffer.size(1) == 1)) &&
+                  kv_buffer.size(-1) == kdtree::kHeadDim && kv_buffer.stride(-1) == 1,
+              "kv_buffer must be [pool, 576] or [pool, 1, 576] with a contiguous last dim");
+  check_int32_vector(kv_indptr, "kv_indptr");
+  check_int32_vector(qo_indptr, "qo_indptr");
+  check_cuda(kv_indices, "kv_indices");
+  TORCH_CHECK(kv_indices.dim() == 1 && kv_indices.is_contiguous() &&
+                  (kv_indices.scalar_type() == at::kInt || kv_indices.scalar_type() == at::kLong),
+              "kv_indices must be a contiguous int32 or int64 vector");
+  const int64_t tokens = q.size(0);
+  const int64_t heads = q.size(1);
+  const int64_t bs = qo_indptr.size(0) - 1;
+  TORCH_CHECK(kv_indptr.size(0) == bs + 1, "kv_indptr and qo_indptr must both have bs + 1 entries");
+  TORCH_CHECK(q_len >= 1 && q_len <= kdtree::kMaxQLen, "q_len must be in [1, ", kdtree::kMaxQLen, "]");
+  TORCH_CHECK(tokens == bs * q_len, "q has ", tokens, " tokens, expected bs * q_len = ", bs * q_len);
+  check_cuda(draft_mask, "draft_mask");
+  const int64_t words = (q_len + 63) / 64;
+  TORCH_CHECK(draft_mask.scalar_type() == at::kLong && draft_mask.dim() == 2 && draft_mask.size(0) == tokens &&
+                  draft_mask.size(1) == words && draft_mask.is_contiguous(),
+              "draft_mask must be contiguous int64 [T, ceil(q_len / 64)]");
+  check_cuda(out, "out");
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.numel() == tokens * heads * kdtree::kValueDim,
+              "out must be contiguous bf16 [T, H, 512]");
+  float* lse_ptr = nullptr;
+  if (lse.has_value()) {
+    check_cuda(*lse, "lse");
+    TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->is_contiguous() && lse->numel() == tokens * heads,
+                "lse must be contiguous float32 [T, H]");
+    lse_ptr = lse->data_ptr<float>();
+  }
+  const int64_t rows = q_len * heads;
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+  if (splits > 1) {
+    TORCH_CHECK(workspace.has_value(), "splits > 1 needs a workspace (kdtree_kernel.workspace_size)");
+    check_cuda(*workspace, "workspace");
+    const int64_t need = bs * splits * rows * (kdtree::kValueDim + 1) * 4;
+    TORCH_CHECK(workspace->is_contiguous() && workspace->numel() * workspace->element_size() >= need,
+                "workspace too small: need ", need, " bytes");
+    part_o = static_cast<float*>(workspace->data_ptr());
+    part_lse = part_o + bs * splits * rows * kdtree::kValueDim;
+  }
+
+  kdtree::VerifyParams p{};
+  p.q = q.data_ptr();
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.kv = kv_buffer.data_ptr();
+  p.kv_row_stride = kv_buffer.stride(0);
+  p.kv_indptr = kv_indptr.data_ptr<int32_t>();
+  p.kv_indices = kv_indices.data_ptr();
+  p.indices_are_int64 = kv_indices.scalar_type() == at::kLong ? 1 : 0;
+  p.qo_indptr = qo_indptr.data_ptr<int32_t>();
+  p.draft_mask = reinterpret_cast<const uint64_t*>(draft_mask.data_ptr<int64_t>());
+  p.mask_words = static_cast<int>(words);
+  p.out = out.data_ptr();
+  p.lse = lse_ptr;
+  p.part_o = part_o;
+  p.part_lse = part_lse;
+  p.bs = static_cast<int>(bs);
+  p.heads = static_cast<int>(heads);
+  p.q_len = static_cast<int>(q_len);
+  p.row_groups = static_cast<int>(row_groups);
+  p.row_blocks = static_cast<int>(row_blocks);
+  p.splits = static_cast<int>(splits);
+  p.chunk_keys = static_cast<int>(chunk_keys);
+  p.block_n = static_cast<int>(block_n);
+  p.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t err = kdtree::launch_verify_attention(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "kdtree verify_attention launch failed: ", cudaGetErrorString(err));
+}
+
+// Runs the mma.sync probe on the current stream; returns the flops it performs (time it with CUDA events).
+double mma_rate_probe(at::Tensor& sink, int64_t blocks, int64_t warps, int64_t iters) {
+  check_cuda(sink, "sink");
+  TORCH_CHECK(sink.scalar_type() == at::kFloat && sink.numel() >= blocks, "sink must be float32 with >= blocks elements");
+  const c10::cuda::CUDAGuard guard(sink.device());
+  const cudaError_t err = kdtree::launch_mma_rate(sink.data_ptr<float>(), static_cast<int>(blocks),
+                                                  static_cast<int>(warps), static_cast<int>(iters),
+                                                  c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "mma probe launch failed: ", cudaGetErrorString(err));
+  return kdtree::mma_flops_per_launch(static_cast<int>(blocks), static_cast<int>(warps), static_cast<int>(iters));
+}
+
+int64_t blocks_per_sm(int64_t block_n, int64_t row_groups) {
+  return kdtree::verify_blocks_per_sm(static_cast<int>(block_n), static_cast<int>(row_groups));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "kdtree DDTree verify-attention CUDA kernels";
+  m.def("verify_attention", &verify_attention_launch, "Enqueue the verify attention (no sync, no allocation)");
+  m.def("mma_rate_probe", &mma_rate_probe, "mma.sync bf16 throughput probe (benchmark diagnostic)");
+  m.def("blocks_per_sm", &blocks_per_sm, "Resident blocks per SM for a row-group count");
+  m.attr("max_q_len") = kdtree::kMaxQLen;
+  m.attr("max_row_groups") = kdtree::kMaxRowGroups;
+  m.attr("chunk_align") = kdtree::kChunkAlign;
+}

@@ -1,0 +1,56 @@
+// Host-visible contract of the DDTree verify-attention kernels: launch parameters and entry points.
+// No torch and no device code here, so both the torch binding (C++) and the kernel unit (CUDA) include it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kdtree {
+
+// Absorbed MLA geometry (DeepSeek / Kimi K2.6): keys are 512 latent + 64 rope dims, values the latent part.
+constexpr int kHeadDim = 576;
+constexpr int kValueDim = 512;
+// KV chunks are multiples of this many keys (the largest tile); the widest supported draft block is two
+// 64-bit mask words per query.
+constexpr int kChunkAlign = 32;
+constexpr int kMaxQLen = 128;
+constexpr int kMaxRowGroups = 3;  // a block serves up to 3 x 16 (token, head) rows of one request
+
+struct VerifyParams {
+  const void* q;              // bf16 [T, H, 576], last dim contiguous
+  int64_t q_stride_token;     // elements between tokens
+  int64_t q_stride_head;      // elements between heads
+  const void* kv;             // bf16 pool rows, last dim contiguous
+  int64_t kv_row_stride;      // elements between pool rows
+  const int32_t* kv_indptr;   // [bs + 1]
+  const void* kv_indices;     // int32 or int64 [nnz]: per request prefix rows then its q_len draft rows
+  int indices_are_int64;
+  const int32_t* qo_indptr;   // [bs + 1]
+  const uint64_t* draft_mask; // [T, mask_words]
+  int mask_words;
+  void* out;                  // bf16 [T, H, 512], contiguous
+  float* lse;                 // float [T, H] (natural log) or nullptr
+  float* part_o;              // workspace, used when splits > 1: float [bs, splits, rows, 512]
+  float* part_lse;            // workspace, used when splits > 1: float [bs, splits, rows] (log2 domain)
+  int bs;
+  int heads;
+  int q_len;
+  int row_groups;             // 1..3: 16-row groups per block
+  int row_blocks;             // blocks along the (token, head) rows of one request
+  int splits;                 // KV chunks per request (grid dimension, fixed at capture)
+  int chunk_keys;             // keys per chunk, a multiple of kChunkAlign
+  int block_n;                // keys per tile: 32 (2 stages) or 16 (4 stages)
+  float scale_log2;           // sm_scale * log2(e)
+};
+
+// Shared memory (bytes, dynamic) one block of the main kernel uses for a tile config; 0 if unsupported.
+int verify_smem_bytes(int block_n, int row_groups);
+
+// Resident blocks per SM of the main kernel (occupancy API; host only, no stream work).
+int verify_blocks_per_sm(int block_n, int row_groups);
+
+// Enqueues the main kernel (and the combine kernel when splits > 1) on `stream`. No allocation, no sync.
+cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream);
+
+}  // namespace kdtree

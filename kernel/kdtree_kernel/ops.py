@@ -1,0 +1,146 @@
+"""The CUDA verify-attention op (capturable in CUDA graphs) and its workspace sizing."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .extension import load_extension
+from .mask import mask_words
+from .plan import DEFAULT_BLOCK_N, HEAD_DIM, MAX_Q_LEN, TILE_CONFIGS, VALUE_DIM, LaunchPlan, plan_launch, row_tiling
+
+BLOCK_N_ENV = "KDTREE_BLOCK_N"  # tuning override of the tile size (16 or 32); read when a plan is made
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.cache
+def _blocks_per_sm(block_n: int, row_groups: int) -> int:
+    try:
+        return max(1, int(load_extension().blocks_per_sm(block_n, row_groups)))
+    except RuntimeError:
+        return 1
+
+
+def _device_index(device: torch.device | int | str | None) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+def launch_plan(
+    bs: int, q_len: int, heads: int, max_prefix_len: int, device: torch.device | int | str | None = None
+) -> LaunchPlan:
+    """The grid verify_attention uses on ``device`` for these sizes (reads device properties, no sync)."""
+    row_groups, _ = row_tiling(q_len, heads) if 1 <= q_len <= MAX_Q_LEN else (1, 1)
+    block_n = _block_n()
+    index = _device_index(device)
+    return plan_launch(
+        bs,
+        q_len,
+        heads,
+        max_prefix_len,
+        num_sms=_num_sms(index),
+        blocks_per_sm=_blocks_per_sm(block_n, row_groups),
+        block_n=block_n,
+    )
+
+
+def _block_n() -> int:
+    raw = os.environ.get(BLOCK_N_ENV)
+    if raw is None:
+        return DEFAULT_BLOCK_N
+    if not raw.isdigit() or int(raw) not in TILE_CONFIGS:
+        raise ValueError(f"{BLOCK_N_ENV} must be one of {sorted(TILE_CONFIGS)}, got {raw!r}")
+    return int(raw)
+
+
+def workspace_size(
+    bs: int, q_len: int, heads: int, max_prefix_len: int, device: torch.device | int | str | None = None
+) -> int:
+    """Bytes of workspace verify_attention needs for a batch of at most these sizes (0: none needed).
+
+    Allocate it once (e.g. ``torch.empty(n, dtype=torch.uint8, device=...)``) and pass it as ``workspace`` to
+    keep the call allocation-free under CUDA graphs; capture with the largest ``max_prefix_len`` you replay.
+    """
+    return launch_plan(bs, q_len, heads, max_prefix_len, device).workspace_bytes
+
+
+def _check_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, q_len: int, v_head_dim: int) -> None:
+    if v_head_dim != VALUE_DIM:
+        raise ValueError(f"the CUDA kernel supports v_head_dim={VALUE_DIM} only, got {v_head_dim}")
+    if q.dim() != 3 or q.shape[-1] != HEAD_DIM:
+        raise ValueError(f"q must be [T, H, {HEAD_DIM}], got {tuple(q.shape)}")
+    if kv_buffer.shape[-1] != HEAD_DIM:
+        raise ValueError(f"kv_buffer rows must have {HEAD_DIM} dims, got {tuple(kv_buffer.shape)}")
+    if not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"q_len must be in [1, {MAX_Q_LEN}], got {q_len}")
+    if not q.is_cuda:
+        raise ValueError("verify_attention runs on CUDA tensors; on CPU use verify_attention_reference")
+
+
+def verify_attention(
+    q: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    draft_mask: torch.Tensor,
+    sm_scale: float,
+    *,
+    q_len: int,
+    max_prefix_len: int | None = None,
+    v_head_dim: int = VALUE_DIM,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """DDTree verify attention on the GPU; same contract as :func:`verify_attention_reference`.
+
+    ``q_len`` (drafts per request, shared by the batch) and ``max_prefix_len`` (an upper bound on every
+    request's prefix) fix the grid on the host. With ``out`` and ``workspace`` given (and ``max_prefix_len``)
+    the call neither allocates nor synchronises, so it can be captured in a CUDA graph. ``lse``, when given,
+    receives the natural-log LSE [T, H] (float32). Without ``max_prefix_len`` the bound is read from
+    ``kv_indptr`` (a host sync; refused while capturing).
+    """
+    ext = load_extension()
+    _check_inputs(q, kv_buffer, q_len, v_head_dim)
+    bs = qo_indptr.shape[0] - 1
+    heads = q.shape[1]
+    if draft_mask.dim() != 2 or draft_mask.shape[1] != mask_words(q_len):
+        raise ValueError(f"draft_mask must be [T, {mask_words(q_len)}] int64, got {tuple(draft_mask.shape)}")
+    if max_prefix_len is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("pass max_prefix_len when capturing verify_attention in a CUDA graph")
+        max_prefix_len = max(0, int((kv_indptr[1:] - kv_indptr[:-1]).max().item()) - q_len)
+    plan = launch_plan(bs, q_len, heads, max_prefix_len, q.device)
+    if out is None:
+        out = torch.empty(q.shape[0], heads, VALUE_DIM, dtype=q.dtype, device=q.device)
+    need = plan.workspace_bytes
+    if need and workspace is None:
+        workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
+    ext.verify_attention(
+        q,
+        kv_buffer,
+        kv_indptr,
+        kv_indices,
+        qo_indptr,
+        draft_mask,
+        out,
+        lse,
+        workspace if need else None,
+        float(sm_scale),
+        q_len,
+        plan.row_groups,
+        plan.row_blocks,
+        plan.splits,
+        plan.chunk_keys,
+        plan.block_n,
+    )
+    return out

@@ -1,0 +1,100 @@
+"""Launch planning for the verify kernel: a pure function of python ints, so the grid is known without reading
+device tensors (CUDA-graph safe: capture with the worst-case ``max_prefix_len``; blocks past a request's keys
+exit at once).
+
+A block serves one request, up to 48 (token, head) rows of it (``row_groups`` x 16) and one chunk of its keys.
+Small batches split the keys into ``splits`` chunks so the grid fills the GPU; a combine kernel merges them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+HEAD_DIM = 576
+VALUE_DIM = 512
+BLOCK_N = 32  # chunks are multiples of this many keys (kChunkAlign in csrc/verify_attention.h)
+TILE_CONFIGS = {32: 2, 16: 4}  # keys per tile -> shared-memory stages (instantiated in csrc)
+DEFAULT_BLOCK_N = 32  # measured faster than 16 x 4 stages on every H200 case but the smallest
+MAX_Q_LEN = 128
+MAX_ROW_GROUPS = 3
+ROWS_PER_GROUP = 16
+MIN_CHUNK_KEYS = 128
+MAX_SPLITS = 256
+# Cost model in units of "one KV tile per block": fixed per-block work (Q load, pipeline fill, epilogue) and
+# the combine pass (a launch plus the partials' round trip, ~4.9 MB per tile-step of the whole GPU).
+BLOCK_OVERHEAD_TILES = 1.5
+COMBINE_LAUNCH_TILES = 2.0
+BYTES_PER_TILE_STEP = 4.9e6
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    row_groups: int  # 16-row groups per block (1..3): threads = 128 * row_groups
+    row_blocks: int  # blocks along one request's q_len * heads rows
+    splits: int  # KV chunks per request (grid.y)
+    chunk_keys: int  # keys per chunk, a multiple of BLOCK_N
+    rows: int  # q_len * heads
+    bs: int
+    block_n: int = DEFAULT_BLOCK_N  # keys per shared-memory tile (16 or 32)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of scratch the launch needs: fp32 partial outputs + partial LSEs when splits > 1, else 0."""
+        if self.splits == 1:
+            return 0
+        return self.bs * self.splits * self.rows * (VALUE_DIM + 1) * 4
+
+
+def row_tiling(q_len: int, heads: int) -> tuple[int, int]:
+    """(row_groups, row_blocks) covering q_len * heads rows with as little padding as 48-row blocks allow."""
+    rows = q_len * heads
+    row_blocks = math.ceil(rows / (MAX_ROW_GROUPS * ROWS_PER_GROUP))
+    row_groups = math.ceil(math.ceil(rows / row_blocks) / ROWS_PER_GROUP)
+    return row_groups, row_blocks
+
+
+def _split_cost(splits: int, *, blocks: int, slots: int, max_keys: int, bs: int, rows: int) -> float:
+    waves = math.ceil(blocks * splits / slots)
+    tiles = math.ceil(math.ceil(max_keys / splits) / BLOCK_N)
+    cost = waves * (tiles + BLOCK_OVERHEAD_TILES)
+    if splits > 1:
+        partial_bytes = 2 * bs * splits * rows * (VALUE_DIM + 1) * 4
+        cost += COMBINE_LAUNCH_TILES + partial_bytes / BYTES_PER_TILE_STEP
+    return cost
+
+
+def plan_launch(
+    bs: int,
+    q_len: int,
+    heads: int,
+    max_prefix_len: int,
+    *,
+    num_sms: int,
+    blocks_per_sm: int = 1,
+    block_n: int = DEFAULT_BLOCK_N,
+) -> LaunchPlan:
+    """Choose the grid for a batch of ``bs`` requests whose prefixes are at most ``max_prefix_len`` keys."""
+    if bs < 1:
+        raise ValueError(f"bs must be >= 1, got {bs}")
+    if not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"q_len must be in [1, {MAX_Q_LEN}], got {q_len}")
+    if heads < 1:
+        raise ValueError(f"heads must be >= 1, got {heads}")
+    if block_n not in TILE_CONFIGS:
+        raise ValueError(f"block_n must be one of {sorted(TILE_CONFIGS)}, got {block_n}")
+    if max_prefix_len < 0:
+        raise ValueError(f"max_prefix_len must be >= 0, got {max_prefix_len}")
+    row_groups, row_blocks = row_tiling(q_len, heads)
+    max_keys = max_prefix_len + q_len
+    slots = max(1, num_sms * max(1, blocks_per_sm))
+    blocks = bs * row_blocks
+    rows = q_len * heads
+    upper = max(1, min(MAX_SPLITS, math.ceil(max_keys / MIN_CHUNK_KEYS)))
+    splits = min(
+        range(1, upper + 1),
+        key=lambda s: (_split_cost(s, blocks=blocks, slots=slots, max_keys=max_keys, bs=bs, rows=rows), s),
+    )
+    chunk_keys = math.ceil(math.ceil(max_keys / splits) / BLOCK_N) * BLOCK_N
+    splits = math.ceil(max_keys / chunk_keys)  # rounding the chunk up can leave the last split empty
+    return LaunchPlan(row_groups, row_blocks, splits, chunk_keys, rows, bs, block_n)

@@ -1,0 +1,147 @@
+"""Random DDTree verify problems in both layouts: this package's contract and SGLang's target-verify inputs.
+
+Used by the GPU tests and the benchmark so that both check the kernel on the same kind of data: random trees
+(or chains / stars), ragged prefixes, random non-contiguous pool rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from .mask import pack_draft_mask
+from .plan import HEAD_DIM, VALUE_DIM
+
+MaskKind = Literal["tree", "chain", "star"]
+
+
+def tree_parents(q_len: int, kind: MaskKind, gen: torch.Generator) -> list[int]:
+    """Parent of each draft node (topological order, node 0 the root with parent -1)."""
+    if kind == "chain":
+        return [i - 1 for i in range(q_len)]
+    if kind == "star":
+        return [-1] + [0] * (q_len - 1)
+    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, q_len)]
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """bool [n, n]: row i sees column j iff j is i or one of its ancestors."""
+    n = len(parents)
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            visible[i, j] = True
+            j = parents[j]
+    return visible
+
+
+@dataclass
+class VerifyCase:
+    bs: int
+    q_len: int
+    heads: int
+    prefix_lens: list[int]
+    q: torch.Tensor  # [T, H, 576] bf16
+    kv_buffer: torch.Tensor  # [pool, 1, 576] bf16
+    kv_indptr: torch.Tensor  # int32 [bs + 1], prefix + drafts per request
+    kv_indices: torch.Tensor  # [nnz]: prefix rows then draft rows per request
+    qo_indptr: torch.Tensor  # int32 [bs + 1]
+    draft_mask: torch.Tensor  # int64 [T, words]
+    draft_dense: torch.Tensor  # bool [T, q_len]
+    # SGLang target-verify layout (prefix-only kv_indices, drafts as extend k/v, flattened custom mask)
+    sgl_kv_indptr: torch.Tensor
+    sgl_kv_indices: torch.Tensor
+    draft_loc: torch.Tensor  # int64 [T] pool rows of the draft tokens
+    custom_mask: torch.Tensor  # bool, per request row-major [q_len, prefix + q_len]
+    mask_indptr: torch.Tensor  # int64 [bs + 1]
+
+    @property
+    def max_prefix(self) -> int:
+        return max(self.prefix_lens)
+
+    @property
+    def kv_tokens(self) -> int:
+        return sum(self.prefix_lens) + self.bs * self.q_len
+
+
+def make_case(
+    bs: int,
+    prefix: int,
+    q_len: int,
+    heads: int,
+    *,
+    kind: MaskKind = "tree",
+    ragged: bool = False,
+    index_dtype: torch.dtype = torch.int32,
+    device: str | torch.device = "cuda",
+    seed: int = 0,
+    spare_rows: int = 64,
+) -> VerifyCase:
+    """A batch of ``bs`` requests with ``prefix`` committed keys each (ragged: uniform in [0, prefix], the
+    first request at ``prefix``) and a ``q_len``-node draft of the given shape."""
+    gen = torch.Generator().manual_seed(seed)
+    if ragged and bs > 1:
+        others = torch.randint(0, prefix + 1, (bs - 1,), generator=gen).tolist()
+        prefix_lens = [prefix, *others]
+    else:
+        prefix_lens = [prefix] * bs
+    total = sum(prefix_lens) + bs * q_len
+    pool = total + spare_rows
+    dev_gen = torch.Generator(device=device).manual_seed(seed)
+    kv_buffer = torch.randn(pool, 1, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=dev_gen)
+    q = torch.randn(bs * q_len, heads, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=dev_gen)
+    rows = torch.randperm(pool, device=device, generator=dev_gen)[:total]
+    prefix_rows: list[torch.Tensor] = []
+    draft_rows: list[torch.Tensor] = []
+    at = 0
+    for p in prefix_lens:
+        prefix_rows.append(rows[at : at + p])
+        at += p
+    for _ in range(bs):
+        draft_rows.append(rows[at : at + q_len])
+        at += q_len
+    kv_indices = torch.cat([torch.cat([p, d]) for p, d in zip(prefix_rows, draft_rows, strict=True)])
+    lens = torch.tensor([p + q_len for p in prefix_lens], dtype=torch.int64)
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(lens, 0)
+    qo_indptr = torch.arange(0, (bs + 1) * q_len, q_len, dtype=torch.int32)
+    dense = [ancestor_mask(tree_parents(q_len, kind, gen)) for _ in range(bs)]
+    draft_dense = torch.cat(dense).to(device)
+    sgl_indptr = torch.zeros(bs + 1, dtype=torch.int32)
+    sgl_indptr[1:] = torch.cumsum(torch.tensor(prefix_lens, dtype=torch.int64), 0)
+    custom = [
+        torch.cat([torch.ones(q_len, p, dtype=torch.bool), d], 1).reshape(-1)
+        for p, d in zip(prefix_lens, dense, strict=True)
+    ]
+    mask_indptr = torch.zeros(bs + 1, dtype=torch.int64)
+    mask_indptr[1:] = torch.cumsum(torch.tensor([q_len * (p + q_len) for p in prefix_lens]), 0)
+    return VerifyCase(
+        bs=bs,
+        q_len=q_len,
+        heads=heads,
+        prefix_lens=prefix_lens,
+        q=q,
+        kv_buffer=kv_buffer,
+        kv_indptr=kv_indptr.to(device),
+        kv_indices=kv_indices.to(index_dtype),
+        qo_indptr=qo_indptr.to(device),
+        draft_mask=pack_draft_mask(draft_dense),
+        draft_dense=draft_dense,
+        sgl_kv_indptr=sgl_indptr.to(device),
+        sgl_kv_indices=torch.cat(prefix_rows).to(torch.int64) if prefix_rows else rows[:0],
+        draft_loc=torch.cat(draft_rows).to(torch.int64),
+        custom_mask=torch.cat(custom).to(device),
+        mask_indptr=mask_indptr.to(device),
+    )
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float32 (NaN propagates, so a NaN never passes a <= check)."""
+    diff = (out.float() - ref.float()).norm()
+    return float(diff / ref.float().norm().clamp_min(1e-30))
+
+
+__all__ = ["VALUE_DIM", "MaskKind", "VerifyCase", "ancestor_mask", "make_case", "rel_error", "tree_parents"]

@@ -1,0 +1,122 @@
+"""Compile-only check of the torch-free kernel unit with nvcc for sm_120a and sm_90a (runs in CI, no GPU).
+
+Fails on any ptxas error, on more than 99 KB of shared memory per block (the sm_120 limit; the dynamic part
+is checked by a static_assert in the header and recomputed here), and on large register spills.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from kdtree_kernel.plan import HEAD_DIM, MAX_ROW_GROUPS, TILE_CONFIGS
+
+CSRC = Path(__file__).resolve().parents[2] / "kernel" / "csrc"
+NVCC = shutil.which("nvcc")
+SMEM_LIMIT = 99 * 1024
+MAX_SPILL_BYTES = 512  # BN=32 tiles spill a few registers on sm_120 (tolerated); catches a growing frame
+
+pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH")
+
+ENTRY_RE = re.compile(r"Compiling entry function '(?P<name>[^']+)' for '(?P<arch>sm_\w+)'")
+SPILL_RE = re.compile(
+    r"(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads"
+)
+USED_RE = re.compile(r"Used (?P<regs>\d+) registers(?:.*?(?P<smem>\d+) bytes smem)?")
+
+
+def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
+    """Per kernel entry: registers, static smem, stack frame and spill bytes, from `ptxas -v` output."""
+    kernels: dict[str, dict[str, int]] = {}
+    current: dict[str, int] | None = None
+    for line in log.splitlines():
+        if m := ENTRY_RE.search(line):
+            current = kernels.setdefault(m["name"], {"regs": 0, "smem": 0, "stack": 0, "spill": 0})
+        elif current is not None and (m := SPILL_RE.search(line)):
+            current["stack"] = int(m["stack"])
+            current["spill"] = int(m["stores"]) + int(m["loads"])
+        elif current is not None and (m := USED_RE.search(line)):
+            current["regs"] = int(m["regs"])
+            current["smem"] = int(m["smem"] or 0)
+    return kernels
+
+
+UNITS = ("verify_attention.cu", "verify_attention_bn32.cu", "verify_attention_bn16.cu", "mma_rate.cu")
+
+
+def dynamic_smem_bytes(row_groups: int, block_n: int, stages: int) -> int:
+    """Mirror of TileConfig::kSmemBytes in csrc: padded KV stages, score exchange, pool-row ring."""
+    row_bytes = HEAD_DIM * 2 + 16
+    exchange = row_groups * 4 * 32 * (block_n // 8) * 16
+    return stages * block_n * row_bytes + exchange + (2 * stages - 2) * block_n * 8
+
+
+def worst_dynamic_smem() -> int:
+    return max(dynamic_smem_bytes(MAX_ROW_GROUPS, bn, st) for bn, st in TILE_CONFIGS.items())
+
+
+def test_parse_ptxas_reads_resources() -> None:
+    log = (
+        "ptxas info    : Compiling entry function '_Z3fooILi4EEvv' for 'sm_90a'\n"
+        "ptxas info    : Function properties for _Z3fooILi4EEvv\n"
+        "    16 bytes stack frame, 8 bytes spill stores, 24 bytes spill loads\n"
+        "ptxas info    : Used 255 registers, used 1 barriers, 1024 bytes smem\n"
+    )
+    assert parse_ptxas(log) == {"_Z3fooILi4EEvv": {"regs": 255, "smem": 1024, "stack": 16, "spill": 32}}
+
+
+def test_shared_memory_budget() -> None:
+    assert worst_dynamic_smem() <= SMEM_LIMIT
+    assert dynamic_smem_bytes(3, 32, 2) > dynamic_smem_bytes(1, 32, 2)
+
+
+@pytest.mark.parametrize("arch", ["sm_120a", "sm_90a"])
+def test_kernels_compile(arch: str, tmp_path: Path) -> None:
+    procs = [
+        subprocess.Popen(
+            [
+                NVCC,
+                "-O3",
+                "-std=c++17",
+                f"-arch={arch}",
+                "-Xptxas",
+                "-v",
+                "-c",
+                str(CSRC / unit),
+                "-o",
+                str(tmp_path / f"{unit}.o"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for unit in UNITS
+    ]
+    log = ""
+    for unit, proc in zip(UNITS, procs, strict=True):
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"nvcc failed on {unit} for {arch}:\n{out[-4000:]}"
+        log += out
+    assert "error" not in log.lower(), log[-4000:]
+    # Link the units as the extension does: catches symbols defined in more than one of them.
+    link = subprocess.run(
+        [NVCC, "-shared", f"-arch={arch}", *(str(tmp_path / f"{u}.o") for u in UNITS), "-o", str(tmp_path / "k.so")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert link.returncode == 0, f"linking the kernel units failed:\n{link.stdout}{link.stderr}"
+    kernels = parse_ptxas(log)
+    main = {name: k for name, k in kernels.items() if "verify_attention_kernel" in name}
+    expected = 2 * MAX_ROW_GROUPS * len(TILE_CONFIGS)
+    assert len(main) == expected, f"expected {expected} instantiations, got {sorted(main)}"
+    assert any("verify_combine_kernel" in name for name in kernels)
+    assert any("mma_rate_kernel" in name for name in kernels)
+    for name, k in kernels.items():
+        assert k["smem"] + worst_dynamic_smem() <= SMEM_LIMIT, f"{name}: smem over 99 KB"
+        assert k["regs"] <= 255, name
+        assert k["spill"] <= MAX_SPILL_BYTES, f"{name} on {arch} spills {k['spill']} bytes"

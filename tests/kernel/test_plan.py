@@ -1,0 +1,83 @@
+"""Launch planning (pure): the grid covers every row and key, fills the GPU for small batches, stays
+capture-safe (chunks cover the planned bound), and sizes the workspace to match."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from kdtree_kernel.plan import BLOCK_N, MAX_ROW_GROUPS, ROWS_PER_GROUP, TILE_CONFIGS, plan_launch, row_tiling
+
+SMS = 132
+
+
+@pytest.mark.parametrize(("q_len", "heads"), itertools.product((1, 2, 9, 16, 33, 64, 128), (8, 16, 64, 128)))
+def test_row_tiling_covers_rows_with_bounded_padding(q_len: int, heads: int) -> None:
+    groups, blocks = row_tiling(q_len, heads)
+    rows = q_len * heads
+    assert 1 <= groups <= MAX_ROW_GROUPS
+    assert groups * ROWS_PER_GROUP * blocks >= rows
+    assert groups * ROWS_PER_GROUP * (blocks - 1) < rows  # no block is entirely padding
+    assert blocks == math.ceil(rows / (MAX_ROW_GROUPS * ROWS_PER_GROUP))
+
+
+@pytest.mark.parametrize(
+    ("bs", "prefix", "q_len", "heads"),
+    [(1, 0, 9, 8), (1, 1024, 9, 8), (1, 32768, 9, 8), (3, 17, 128, 128), (64, 8192, 9, 8), (128, 4096, 9, 8)],
+)
+@pytest.mark.parametrize("block_n", sorted(TILE_CONFIGS))
+def test_chunks_cover_every_key(bs: int, prefix: int, q_len: int, heads: int, block_n: int) -> None:
+    plan = plan_launch(bs, q_len, heads, prefix, num_sms=SMS, block_n=block_n)
+    assert plan.chunk_keys % BLOCK_N == 0
+    assert plan.splits * plan.chunk_keys >= prefix + q_len
+    assert (plan.splits - 1) * plan.chunk_keys < prefix + q_len  # the last split has work
+    assert plan.block_n == block_n
+
+
+def test_small_batch_is_split_to_fill_the_gpu() -> None:
+    plan = plan_launch(1, 9, 8, 32768, num_sms=SMS)
+    assert plan.splits > 1
+    blocks = plan.splits * plan.row_blocks
+    assert SMS // 2 <= blocks <= SMS
+
+
+def test_large_batch_is_not_split() -> None:
+    plan = plan_launch(64, 9, 8, 8192, num_sms=SMS)
+    assert plan.splits == 1
+    assert plan.workspace_bytes == 0
+
+
+def test_short_prefix_needs_no_split() -> None:
+    assert plan_launch(1, 9, 8, 0, num_sms=SMS).splits == 1
+
+
+def test_workspace_matches_partials() -> None:
+    plan = plan_launch(2, 9, 8, 20000, num_sms=SMS)
+    assert plan.splits > 1
+    assert plan.workspace_bytes == 2 * plan.splits * 72 * (512 + 1) * 4
+
+
+def test_more_sms_never_means_fewer_blocks() -> None:
+    small = plan_launch(1, 9, 8, 32768, num_sms=66)
+    large = plan_launch(1, 9, 8, 32768, num_sms=188)
+    assert large.splits >= small.splits
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"bs": 0}, "bs"),
+        ({"q_len": 129}, "q_len"),
+        ({"q_len": 0}, "q_len"),
+        ({"heads": 0}, "heads"),
+        ({"max_prefix_len": -1}, "max_prefix_len"),
+        ({"block_n": 64}, "block_n"),
+    ],
+)
+def test_rejects_bad_sizes(kwargs: dict[str, int], match: str) -> None:
+    args = {"bs": 1, "q_len": 9, "heads": 8, "max_prefix_len": 100, "block_n": 32} | kwargs
+    with pytest.raises(ValueError, match=match):
+        plan_launch(
+            args["bs"], args["q_len"], args["heads"], args["max_prefix_len"], num_sms=SMS, block_n=args["block_n"]
+        )

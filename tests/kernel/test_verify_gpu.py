@@ -1,0 +1,190 @@
+"""The CUDA verify kernel against the fp32 reference (runs on the GPU machine; skips elsewhere)."""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+
+import pytest
+import torch
+from kdtree_kernel import (
+    extension_available,
+    verify_attention,
+    verify_attention_reference,
+    workspace_size,
+)
+from kdtree_kernel.testing import make_case, rel_error
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(
+        torch.cuda.is_available() and not extension_available(),
+        reason="kdtree_verify_ext not built (deploy/build_extension.py; set KDTREE_EXT_DIR)",
+    ),
+]
+
+SM_SCALE = 0.14468
+REL_TOL = 1e-2
+BS = (1, 3, 8, 64)
+PREFIX = (0, 1, 17, 1000, 8192, 65536)
+Q_LEN = (1, 2, 9, 16, 33, 64, 128)
+HEADS = (8, 16, 64, 128)
+# Score elements (T * H * keys) beyond which a sweep point is left out to keep the suite to minutes.
+MAX_SCORE_ELEMENTS = 3e9
+
+
+def _sweep() -> list[tuple[int, int, int, int, str, bool]]:
+    """Every value of every axis appears; all small combinations run, large ones are sampled."""
+    cases: set[tuple[int, int, int, int, str, bool]] = set()
+    kinds = ("tree", "chain", "star")
+    for i, (q_len, heads) in enumerate(itertools.product(Q_LEN, HEADS)):
+        cases.add((3, 17, q_len, heads, kinds[i % 3], True))
+        cases.add((1, 0, q_len, heads, "tree", False))
+    for i, (bs, prefix) in enumerate(itertools.product(BS, PREFIX)):
+        cases.add((bs, prefix, 9, 8, kinds[i % 3], True))
+        cases.add((bs, prefix, 16, 16, "tree", bs > 1))
+    for bs, prefix in itertools.product(BS, (1000, 8192)):
+        for q_len, heads in ((33, 64), (64, 16), (128, 8), (2, 128)):
+            cases.add((bs, prefix, q_len, heads, "tree", True))
+    cases.update({(1, 65536, 128, 128, "tree", False), (8, 8192, 128, 128, "tree", True)})
+    cases.update({(64, 8192, 9, 8, "chain", False), (1, 8192, 1, 8, "chain", False)})
+    return sorted(c for c in cases if c[0] * c[2] * c[3] * (c[1] + c[2]) <= MAX_SCORE_ELEMENTS)
+
+
+def _reference(case, sm_scale: float = SM_SCALE):
+    return verify_attention_reference(
+        case.q,
+        case.kv_buffer,
+        case.kv_indptr,
+        case.kv_indices,
+        case.qo_indptr,
+        case.draft_mask,
+        sm_scale,
+        return_lse=True,
+    )
+
+
+def _run(case, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.full((case.bs * case.q_len, case.heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((case.bs * case.q_len, case.heads), float("nan"), dtype=torch.float32, device="cuda")
+    verify_attention(
+        case.q,
+        case.kv_buffer,
+        case.kv_indptr,
+        case.kv_indices,
+        case.qo_indptr,
+        case.draft_mask,
+        SM_SCALE,
+        q_len=case.q_len,
+        max_prefix_len=case.max_prefix,
+        out=out,
+        lse=lse,
+        **kwargs,
+    )
+    return out, lse
+
+
+@pytest.mark.parametrize(("bs", "prefix", "q_len", "heads", "kind", "ragged"), _sweep())
+def test_matches_reference(bs: int, prefix: int, q_len: int, heads: int, kind: str, ragged: bool) -> None:
+    seed = zlib.crc32(repr((bs, prefix, q_len, heads, kind, ragged)).encode())
+    case = make_case(bs, prefix, q_len, heads, kind=kind, ragged=ragged, seed=seed)
+    out, lse = _run(case)
+    ref, ref_lse = _reference(case)
+    assert not out.isnan().any(), "some output elements were not written"
+    err = rel_error(out, ref)
+    assert err <= REL_TOL, f"rel err {err:.3e}"
+    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3), f"lse max diff {(lse - ref_lse).abs().max():.3e}"
+
+
+def test_int64_indices_and_2d_pool() -> None:
+    case = make_case(3, 1000, 9, 16, ragged=True, index_dtype=torch.int64, seed=7)
+    case.kv_buffer = case.kv_buffer.view(-1, 576)
+    out, _ = _run(case)
+    ref, _ = _reference(case)
+    assert rel_error(out, ref) <= REL_TOL
+
+
+def test_strided_q_view() -> None:
+    case = make_case(2, 300, 9, 8, seed=11)
+    wide = torch.randn(case.q.shape[0], case.heads, 640, dtype=torch.bfloat16, device="cuda")
+    wide[..., :576] = case.q
+    case.q = wide[..., :576]
+    assert not case.q.is_contiguous()
+    out, _ = _run(case)
+    ref, _ = _reference(case)
+    assert rel_error(out, ref) <= REL_TOL
+
+
+def test_prefix_shorter_than_planned_bound() -> None:
+    """Grid sized for a much longer prefix (as under CUDA graphs): idle chunks exit, results still right."""
+    case = make_case(2, 500, 9, 8, ragged=True, seed=3)
+    out = torch.empty(case.bs * case.q_len, case.heads, 512, dtype=torch.bfloat16, device="cuda")
+    verify_attention(
+        case.q,
+        case.kv_buffer,
+        case.kv_indptr,
+        case.kv_indices,
+        case.qo_indptr,
+        case.draft_mask,
+        SM_SCALE,
+        q_len=case.q_len,
+        max_prefix_len=60000,
+        out=out,
+    )
+    ref, _ = _reference(case)
+    assert rel_error(out, ref) <= REL_TOL
+
+
+@pytest.mark.parametrize(("bs", "prefix", "q_len", "heads"), [(1, 8192, 9, 8), (4, 3000, 16, 16), (64, 1000, 9, 8)])
+def test_cuda_graph_replay_matches_eager(bs: int, prefix: int, q_len: int, heads: int) -> None:
+    case = make_case(bs, prefix, q_len, heads, ragged=True, seed=5)
+    bound = prefix + 1000  # capture for a bound larger than any prefix replayed
+    t = bs * q_len
+    out = torch.empty(t, heads, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(t, heads, dtype=torch.float32, device="cuda")
+    ws = torch.empty(max(1, workspace_size(bs, q_len, heads, bound)), dtype=torch.uint8, device="cuda")
+
+    def call() -> None:
+        verify_attention(
+            case.q,
+            case.kv_buffer,
+            case.kv_indptr,
+            case.kv_indices,
+            case.qo_indptr,
+            case.draft_mask,
+            SM_SCALE,
+            q_len=q_len,
+            max_prefix_len=bound,
+            out=out,
+            lse=lse,
+            workspace=ws,
+        )
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm-up outside capture (module load, attribute setup)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for step in range(2):
+        case.q.copy_(torch.randn_like(case.q))  # new inputs in place, as SGLang does between replays
+        graph.replay()
+        torch.cuda.synchronize()
+        got, got_lse = out.clone(), lse.clone()
+        call()
+        torch.cuda.synchronize()
+        assert torch.equal(got, out), f"replay {step} differs from eager"
+        assert torch.equal(got_lse, lse)
+        ref, ref_lse = _reference(case)
+        assert rel_error(got, ref) <= REL_TOL
+        assert torch.allclose(got_lse, ref_lse, atol=2e-2, rtol=1e-3)
+
+
+def test_deterministic_across_calls() -> None:
+    case = make_case(1, 20000, 9, 8, seed=9)
+    first, _ = _run(case)
+    second, _ = _run(case)
+    assert torch.equal(first, second)
