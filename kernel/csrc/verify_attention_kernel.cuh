@@ -227,10 +227,12 @@ __global__ void __launch_bounds__(TileConfig<RG, BN, STAGES>::kThreads, 1)
       const float4* peers = reinterpret_cast<const float4*>(exchange) + group * kWarpsPerRowGroup * 32 * kScoreTiles;
 #pragma unroll
       for (int t = 0; t < kScoreTiles; ++t) {
-        float4 sum = peers[t * 32 + lane];
+        const float4 own = make_float4(s[t][0], s[t][1], s[t][2], s[t][3]);
+        float4 sum = part == 0 ? own : peers[t * 32 + lane];
 #pragma unroll
         for (int w = 1; w < kWarpsPerRowGroup; ++w) {
-          const float4 o = peers[(w * kScoreTiles + t) * 32 + lane];
+          // A warp's own partial comes from registers (the same bits it stored), the others from smem.
+          const float4 o = w == part ? own : peers[(w * kScoreTiles + t) * 32 + lane];
           sum.x += o.x;
           sum.y += o.y;
           sum.z += o.z;

@@ -12,7 +12,7 @@ from kdtree_kernel.plan import BLOCK_N, MAX_ROW_GROUPS, ROWS_PER_GROUP, TILE_CON
 SMS = 132
 
 
-@pytest.mark.parametrize(("q_len", "heads"), itertools.product((1, 2, 9, 16, 33, 64, 128), (8, 16, 64, 128)))
+@pytest.mark.parametrize(("q_len", "heads"), list(itertools.product((1, 2, 9, 16, 33, 64, 128), (8, 16, 64, 128))))
 def test_row_tiling_covers_rows_with_bounded_padding(q_len: int, heads: int) -> None:
     groups, blocks = row_tiling(q_len, heads)
     rows = q_len * heads
