@@ -1,0 +1,291 @@
+"""``KdtreeAttnBackend``: SGLang's TritonAttnBackend with TARGET_VERIFY (absorbed MLA) routed to the kernel.
+
+Overrides, all calling the upstream method first or instead only for verify:
+  * ``__init__``: decide once which static conditions rule the kernel out (each reason printed once);
+  * ``init_cuda_graph_state``: preallocate the engine's graph buffers;
+  * ``init_forward_metadata`` (eager) / ``init_forward_metadata_out_graph`` (CUDA-graph capture and replay):
+    after upstream has built its metadata, marshal it for the kernel (:mod:`kdtree_backend.marshal`);
+  * ``forward_extend``: for a verify layer the kernel can serve, mark the layer and let upstream run (it saves
+    the draft K/V to the pool first, as SGLang requires);
+  * ``_forward_extend_kernel``: upstream's single call site of ``extend_attention_fwd``; for the marked layer
+    the kernel runs instead, and parity runs upstream's call on the same arguments into a scratch buffer.
+Anything else (prefill extend, decode, draft extend, unsupported verify) is upstream Triton unchanged.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+import torch
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+from .config import load_config
+from .engine import VerifyEngine
+from .lines import OncePer, format_fallback
+from .verify import kernel_usable
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+LATENT_DIM = 512
+QK_DIM = 576
+DEFAULT_MAX_Q_LEN = 128
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _kernel_max_q_len() -> int:
+    try:
+        from kdtree_kernel.plan import MAX_Q_LEN
+    except ImportError:
+        return DEFAULT_MAX_Q_LEN
+    return int(MAX_Q_LEN)
+
+
+def static_fallback_reason(
+    *,
+    use_mla: bool,
+    v_head_dim: int,
+    page_size: int,
+    kv_cache_dtype: torch.dtype | None,
+    dcp_size: int,
+    sliding_window: bool,
+    deterministic: bool,
+    use_kernel: bool,
+    q_len: int,
+    device: torch.device,
+) -> str | None:
+    """Why the kernel can never serve verify for this model/server (None: it can). Pure."""
+    if not use_kernel:
+        return "disabled_by_config"
+    if not use_mla or v_head_dim != LATENT_DIM:
+        return "not_absorbed_mla"
+    if page_size > 1:
+        return "page_size_gt_1"
+    if kv_cache_dtype is not None and kv_cache_dtype not in HALF_DTYPES:
+        return "fp8_kv_cache"
+    if dcp_size > 1:
+        return "decode_context_parallel"
+    if sliding_window:
+        return "sliding_window"
+    if deterministic:
+        return "deterministic_inference"
+    if not 1 <= q_len <= _kernel_max_q_len():
+        return "q_len_out_of_range"
+    usable, reason = kernel_usable(device)
+    return None if usable else reason
+
+
+def layer_fallback_reason(layer: Any) -> str | None:
+    """Why the kernel cannot serve this attention layer (None: it can). Pure over the layer's attributes."""
+    if getattr(layer, "qk_head_dim", None) != QK_DIM or getattr(layer, "v_head_dim", None) != LATENT_DIM:
+        return "not_absorbed_mla"
+    if (getattr(layer, "logit_cap", 0.0) or 0.0) > 0:
+        return "logit_cap"
+    window = getattr(layer, "sliding_window_size", None)
+    if window is not None and window > -1:
+        return "sliding_window"
+    if getattr(layer, "k_scale", None) is not None:
+        return "fp8_kv_cache"
+    if getattr(layer, "is_cross_attention", False):
+        return "cross_attention"
+    if (getattr(layer, "xai_temperature_len", -1) or -1) > 0:
+        return "xai_temperature"
+    return None
+
+
+def call_fallback_reason(k: Any, v: Any, sinks: Any, score_mod: Any, aux_tensors: Any) -> str | None:
+    if sinks is not None:
+        return "attention_sinks"
+    if score_mod is not None or aux_tensors is not None:
+        return "score_mod"
+    if k is None or v is None:
+        return "kv_not_passed"
+    return None
+
+
+class KdtreeAttnBackend(TritonAttnBackend):
+    """Triton everywhere, the kdtree kernel for DDTree target-verify of absorbed MLA."""
+
+    def __init__(
+        self,
+        model_runner: ModelRunner,
+        skip_prefill: bool = False,
+        kv_indptr_buf: torch.Tensor | None = None,
+        *,
+        dllm_fa4: bool = False,
+    ):
+        super().__init__(model_runner, skip_prefill, kv_indptr_buf, dllm_fa4=dllm_fa4)
+        config = load_config()
+        self.kdtree_config = config
+        self._kdtree_fallback = OncePer()
+        self._kdtree_layer_reason: dict[int, str | None] = {}
+        self._kdtree_layer: Any = None
+        self._kdtree_extend_signature = inspect.signature(self.extend_attention_fwd)
+        reason = None
+        if skip_prefill:
+            reason = "skip_prefill"
+        else:
+            reason = static_fallback_reason(
+                use_mla=self.use_mla,
+                v_head_dim=self.v_head_dim,
+                page_size=self.page_size,
+                kv_cache_dtype=getattr(model_runner, "kv_cache_dtype", None),
+                dcp_size=self.dcp_size,
+                sliding_window=self.use_sliding_window_kv_pool
+                or (self.sliding_window_size is not None and self.sliding_window_size > 0),
+                deterministic=bool(self.enable_deterministic),
+                use_kernel=config.use_kernel,
+                q_len=self.target_verify_num_tokens_per_req,
+                device=torch.device(self.device),
+            )
+        self.kdtree_engine: VerifyEngine | None = None
+        if reason is not None:
+            self._kdtree_note_fallback(reason)
+        else:
+            self.kdtree_engine = VerifyEngine(
+                q_len=self.target_verify_num_tokens_per_req,
+                heads=self.num_head,
+                parity=config.parity,
+                use_kernel=True,
+                v_head_dim=self.v_head_dim,
+            )
+            # Verify is ours; upstream's topk == 1 verify kernels would otherwise take it first.
+            self.use_verify_shared_kv = False
+            self.use_verify_splitkv = False
+
+    # ---- helpers -------------------------------------------------------------------------------------
+    def _kdtree_note_fallback(self, reason: str) -> None:
+        self._kdtree_fallback(reason, lambda: format_fallback(reason, path="triton"))
+
+    def _kdtree_verify_layer_ok(self, layer: RadixAttention) -> bool:
+        if layer.layer_id not in self._kdtree_layer_reason:
+            self._kdtree_layer_reason[layer.layer_id] = layer_fallback_reason(layer)
+        reason = self._kdtree_layer_reason[layer.layer_id]
+        if reason is not None:
+            self._kdtree_note_fallback(reason)
+        return reason is None
+
+    def _kdtree_prepare(self, forward_batch: ForwardBatch, *, graph: bool, capture: bool = False) -> None:
+        engine = self.kdtree_engine
+        assert engine is not None
+        metadata = self.forward_metadata
+        if metadata is None or metadata.custom_mask is None:
+            engine.meta = None
+            return
+        seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+        bs = len(forward_batch.req_pool_indices)
+        engine.prepare(
+            kv_indptr=metadata.kv_indptr,
+            kv_indices=metadata.kv_indices,
+            out_cache_loc=forward_batch.out_cache_loc,
+            custom_mask=metadata.custom_mask,
+            mask_indptr=metadata.mask_indptr,
+            qo_indptr=metadata.qo_indptr,
+            bs=bs,
+            graph=graph,
+            capture=capture,
+            prefix_sum=getattr(forward_batch, "seq_lens_sum", None),
+            max_prefix_len=int(seq_lens_cpu[:bs].max()) if seq_lens_cpu is not None and bs else None,
+            kv_buffer_shape=tuple(self.token_to_kv_pool.get_key_buffer(self.token_to_kv_pool.start_layer).shape),
+        )
+
+    # ---- SGLang hooks --------------------------------------------------------------------------------
+    def init_cuda_graph_state(
+        self,
+        max_bs: int,
+        max_num_tokens: int,
+        kv_indices_buf: torch.Tensor | None = None,
+        cuda_graph_num_kv_splits_buf: torch.Tensor | None = None,
+    ):
+        super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf, cuda_graph_num_kv_splits_buf)
+        engine = self.kdtree_engine
+        if engine is None:
+            return
+        import kdtree_kernel
+
+        workspace_size = getattr(kdtree_kernel, "workspace_size", None)
+        workspace = (
+            int(workspace_size(max_bs, engine.q_len, engine.heads, self.max_context_len, self.device))
+            if workspace_size is not None
+            else 0
+        )
+        key_buffer = self.token_to_kv_pool.get_key_buffer(self.token_to_kv_pool.start_layer)
+        engine.allocate_graph_buffers(
+            max_bs=max_bs,
+            max_context_len=self.max_context_len,
+            device=torch.device(self.device),
+            dtype=key_buffer.dtype,
+            workspace_bytes=workspace,
+        )
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch):
+        super().init_forward_metadata(forward_batch)
+        if self.kdtree_engine is not None and forward_batch.forward_mode.is_target_verify():
+            self._kdtree_prepare(forward_batch, graph=False)
+
+    def init_forward_metadata_out_graph(
+        self,
+        forward_batch: ForwardBatch,
+        in_capture: bool = False,
+    ):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture)
+        engine = self.kdtree_engine
+        if engine is not None and engine.graph is not None and forward_batch.forward_mode.is_target_verify():
+            self._kdtree_prepare(forward_batch, graph=True, capture=in_capture)
+
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache=True,
+        sinks=None,
+        score_mod=None,
+        aux_tensors=None,
+    ):
+        engine = self.kdtree_engine
+        ours = engine is not None and forward_batch.forward_mode.is_target_verify()
+        if ours:
+            reason = call_fallback_reason(k, v, sinks, score_mod, aux_tensors)
+            if reason is None and (engine is None or engine.meta is None):
+                reason = "no_custom_mask"
+            if reason is not None:
+                self._kdtree_note_fallback(reason)
+                ours = False
+            else:
+                ours = self._kdtree_verify_layer_ok(layer)
+        if not ours:
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, sinks, score_mod, aux_tensors)
+        self._kdtree_layer = layer
+        try:
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, sinks, score_mod, aux_tensors)
+        finally:
+            self._kdtree_layer = None
+
+    def _forward_extend_kernel(self, layer, *args, **kwargs):
+        if self._kdtree_layer is not layer or self.kdtree_engine is None:
+            return super()._forward_extend_kernel(layer, *args, **kwargs)
+        bound = self._kdtree_extend_signature.bind(*args, **kwargs)
+        values = bound.arguments
+        upstream = super()._forward_extend_kernel
+
+        def triton_reference(out: torch.Tensor, qo_indptr: torch.Tensor) -> None:
+            call = dict(values)
+            call["o_extend"] = out
+            call["qo_indptr"] = qo_indptr
+            upstream(layer, **call)
+
+        self.kdtree_engine.forward(
+            layer.layer_id,
+            values["q_extend"],
+            values["k_buffer"],
+            values["o_extend"],
+            float(values["sm_scale"]),
+            triton_reference,
+        )
+        return None

@@ -1,0 +1,182 @@
+"""The release's kdtree configuration: ``$KDTREE_CONFIG`` (JSON) or ``<release>/deploy/kdtree.json``.
+
+Environment overrides (for a one-off run, e.g. from the unit's Environment=):
+  KDTREE_PARITY=0|1, KDTREE_PARITY_EVERY=N, KDTREE_PARITY_LAYERS=0,30,60, KDTREE_USE_KERNEL=0|1,
+  KDTREE_ATTENTION_MODE=kdtree|prefill.
+Parsing is pure (:func:`parse_config`); only :func:`load_config` touches the file system and environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+CONFIG_ENV = "KDTREE_CONFIG"
+# backend/kdtree_backend/config.py -> <release or repo root>/deploy/kdtree.json
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "deploy" / "kdtree.json"
+ATTENTION_MODES = ("kdtree", "prefill")  # kdtree everywhere, or prefill=kdtree with decode=triton
+TREE_KINDS = ("tree", "chain", "star")
+
+
+class ConfigError(ValueError):
+    """The configuration file or an override is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ParityConfig:
+    enabled: bool = True
+    every_n_steps: int = 50
+    layers: tuple[int, ...] = (0, 30, 60)
+
+    def wants(self, step: int, layer: int) -> bool:
+        """Parity on this verify step (0-based count) and layer?"""
+        return self.enabled and step % self.every_n_steps == 0 and layer in self.layers
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    bs: int = 2
+    prefix: int = 64
+    q_len: int = 9
+    heads: int = 8
+    layers: tuple[int, ...] = (0, 30, 60)
+    interval_s: float = 1.0
+    every_n_steps: int = 1
+    dtype: str = "bfloat16"
+    tree: str = "tree"
+
+
+@dataclass(frozen=True)
+class KdtreeConfig:
+    parity: ParityConfig = field(default_factory=ParityConfig)
+    use_kernel: bool = True
+    attention_mode: str = "kdtree"
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    source: str = "defaults"
+
+
+def _bool(value: object, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    raise ConfigError(f"{name} must be a boolean (true/false or 1/0), got {value!r}")
+
+
+def _positive_int(value: object, name: str) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}") from None
+    if number < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return number
+
+
+def _layers(value: object, name: str) -> tuple[int, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise ConfigError(f"{name} must be a list of layer ids, got {value!r}")
+    try:
+        layers = tuple(int(str(item).strip()) for item in items if str(item).strip() != "")
+    except ValueError:
+        raise ConfigError(f"{name} must be a list of layer ids, got {value!r}") from None
+    if any(layer < 0 for layer in layers):
+        raise ConfigError(f"{name} must hold non-negative layer ids, got {value!r}")
+    return layers
+
+
+def _section(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    section = data.get(key, {})
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"'{key}' must be an object, got {section!r}")
+    return section
+
+
+def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None, source: str = "") -> KdtreeConfig:
+    """Configuration from the JSON object ``data`` with the environment overrides of ``env`` applied."""
+    env = env or {}
+    parity_raw = dict(_section(data, "parity"))
+    backend_raw = dict(_section(data, "backend"))
+    replay_raw = dict(_section(data, "replay"))
+    for env_key, key in (("KDTREE_PARITY", "enabled"), ("KDTREE_PARITY_EVERY", "every_n_steps")):
+        if env.get(env_key):
+            parity_raw[key] = env[env_key]
+    if env.get("KDTREE_PARITY_LAYERS") is not None:
+        parity_raw["layers"] = env["KDTREE_PARITY_LAYERS"]
+    if env.get("KDTREE_USE_KERNEL"):
+        backend_raw["use_kernel"] = env["KDTREE_USE_KERNEL"]
+    if env.get("KDTREE_ATTENTION_MODE"):
+        backend_raw["attention_mode"] = env["KDTREE_ATTENTION_MODE"]
+
+    defaults = ParityConfig()
+    parity = ParityConfig(
+        enabled=_bool(parity_raw.get("enabled", defaults.enabled), "parity.enabled"),
+        every_n_steps=_positive_int(parity_raw.get("every_n_steps", defaults.every_n_steps), "parity.every_n_steps"),
+        layers=_layers(parity_raw.get("layers", list(defaults.layers)), "parity.layers"),
+    )
+    mode = str(backend_raw.get("attention_mode", "kdtree"))
+    if mode not in ATTENTION_MODES:
+        raise ConfigError(f"backend.attention_mode must be one of {ATTENTION_MODES}, got {mode!r}")
+    replay = _parse_replay(replay_raw)
+    return KdtreeConfig(
+        parity=parity,
+        use_kernel=_bool(backend_raw.get("use_kernel", True), "backend.use_kernel"),
+        attention_mode=mode,
+        replay=replay,
+        source=source or "inline",
+    )
+
+
+def _parse_replay(raw: Mapping[str, Any]) -> ReplayConfig:
+    base = ReplayConfig()
+    values: dict[str, Any] = {}
+    for key in ("bs", "prefix", "q_len", "heads", "every_n_steps"):
+        if key in raw:
+            values[key] = _positive_int(raw[key], f"replay.{key}")
+    if "layers" in raw:
+        values["layers"] = _layers(raw["layers"], "replay.layers")
+    if "interval_s" in raw:
+        try:
+            values["interval_s"] = float(raw["interval_s"])
+        except (TypeError, ValueError):
+            raise ConfigError(f"replay.interval_s must be a number, got {raw['interval_s']!r}") from None
+    if "dtype" in raw:
+        if raw["dtype"] not in ("bfloat16", "float16", "float32"):
+            raise ConfigError(f"replay.dtype must be bfloat16, float16 or float32, got {raw['dtype']!r}")
+        values["dtype"] = raw["dtype"]
+    if "tree" in raw:
+        if raw["tree"] not in TREE_KINDS:
+            raise ConfigError(f"replay.tree must be one of {TREE_KINDS}, got {raw['tree']!r}")
+        values["tree"] = raw["tree"]
+    return replace(base, **values)
+
+
+def config_path(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    raw = env.get(CONFIG_ENV)
+    return Path(raw) if raw else DEFAULT_CONFIG_PATH
+
+
+def load_config(env: Mapping[str, str] | None = None) -> KdtreeConfig:
+    """Read the configuration file (``$KDTREE_CONFIG`` or the release default) and apply env overrides.
+
+    A missing default file yields the built-in defaults; a missing ``$KDTREE_CONFIG`` file is an error.
+    """
+    env = os.environ if env is None else env
+    path = config_path(env)
+    if not path.is_file():
+        if env.get(CONFIG_ENV):
+            raise ConfigError(f"{CONFIG_ENV}={path} does not exist; point it at a kdtree.json or unset it")
+        return parse_config({}, env, source="defaults")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON ({exc})") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: the top level must be a JSON object")
+    return parse_config(data, env, source=str(path))

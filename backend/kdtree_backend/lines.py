@@ -1,0 +1,64 @@
+"""The ``[kdtree]`` stdout lines of design.md s.3: formatting (pure) and emission (print + flush)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Hashable, Sequence
+
+PREFIX = "[kdtree]"
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return str(tuple(int(d) for d in shape))
+
+
+def format_shapes(
+    *,
+    q: Sequence[int],
+    kv_buf: Sequence[int],
+    bs: int,
+    q_len: int,
+    dl: int,
+    dr: int,
+    kv_len_max: int,
+    scale: float,
+    mask: Sequence[int],
+    **extra: object,
+) -> str:
+    """``[kdtree] shapes q=(9, 8, 576) kv_buf=(195012, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=30 ...``"""
+    line = (
+        f"{PREFIX} shapes q={_shape(q)} kv_buf={_shape(kv_buf)} bs={bs} q_len={q_len} Dl={dl} Dr={dr} "
+        f"kv_len_max={kv_len_max} scale={scale:.5f} mask={_shape(mask)}"
+    )
+    return line + "".join(f" {key}={value}" for key, value in extra.items())
+
+
+def format_parity(layer: int, max_abs_diff: float, mean: float, rel: float, **extra: object) -> str:
+    """``[kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00``"""
+    line = f"{PREFIX} L{layer} max_abs_diff={max_abs_diff:.4e} mean={mean:.4e} rel={rel:.4e}"
+    return line + "".join(f" {key}={value}" for key, value in extra.items())
+
+
+def format_fallback(reason: str, **extra: object) -> str:
+    """``[kdtree] fallback reason=fp8_kv_cache path=triton``"""
+    return f"{PREFIX} fallback reason={reason}" + "".join(f" {key}={value}" for key, value in extra.items())
+
+
+def emit(line: str) -> None:
+    """stdout (journald under systemd), flushed at once so that the deploy gate sees it without delay."""
+    print(line, file=sys.stdout, flush=True)
+
+
+class OncePer:
+    """Calls ``emit`` with a line the first time a key is seen (shapes per signature, fallback per reason)."""
+
+    def __init__(self, sink: Callable[[str], None] = emit) -> None:
+        self._seen: set[Hashable] = set()
+        self._sink = sink
+
+    def __call__(self, key: Hashable, line: str | Callable[[], str]) -> bool:
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        self._sink(line() if callable(line) else line)
+        return True

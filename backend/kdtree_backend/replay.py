@@ -1,0 +1,260 @@
+"""Replay service: SGLang-shaped verify batches through the backend's verify path, checked against an
+independent dense attention, printing the same ``[kdtree]`` lines as the server.
+
+    PYTHONPATH=<release>/kernel:<release>/backend python3 -m kdtree_backend.replay --steps 0
+
+Needs only torch and this release's ``kernel/`` and ``backend/`` packages (no SGLang). On CUDA the verify path
+is the kernel (the reference, with a ``fallback`` line, when the extension is not built); on CPU it is the
+reference. Used as the unit's program on testbed hosts (``--steps 0``: forever, SIGTERM ends it cleanly) and as
+the pre-restart parity check on GPU hosts (``--steps N --threshold REL``: exit 0 when every parity line is
+within the threshold, 3 otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import FrameType
+
+import torch
+
+from .batch import dense_verify_attention, make_verify_batch
+from .config import ConfigError, ReplayConfig, load_config
+from .lines import OncePer, emit, format_fallback, format_parity
+from .verify import attend, kernel_usable, marshal_verify, parity_stats, shapes_line, shapes_signature
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_PARITY_FAILED = 3
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    steps: int
+    interval_s: float
+    bs: int
+    prefix: int
+    q_len: int
+    heads: int
+    layers: tuple[int, ...]
+    every_n_steps: int
+    device: str
+    dtype: str
+    tree: str
+    seed: int
+    threshold: float | None
+
+
+@dataclass
+class ReplayOutcome:
+    steps_done: int = 0
+    parity_lines: int = 0
+    worst_rel: float = 0.0
+    over_threshold: int = 0
+
+
+def verdict_exit_code(outcome: ReplayOutcome, threshold: float | None) -> int:
+    """Exit status of a finite run: 3 when a threshold was given and a parity line exceeded it (or none ran)."""
+    if threshold is None:
+        return EXIT_OK
+    if outcome.parity_lines == 0 or outcome.over_threshold > 0:
+        return EXIT_PARITY_FAILED
+    return EXIT_OK
+
+
+def _layers_arg(raw: str) -> tuple[int, ...]:
+    try:
+        layers = tuple(int(item) for item in raw.split(",") if item.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--layers wants comma-separated layer ids, got {raw!r}") from None
+    if not layers or any(layer < 0 for layer in layers):
+        raise argparse.ArgumentTypeError(f"--layers wants non-negative layer ids, got {raw!r}")
+    return layers
+
+
+def _positive(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {raw}")
+    return value
+
+
+def build_parser(defaults: ReplayConfig) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kdtree_backend.replay",
+        description="Replay SGLang-shaped DDTree verify batches through the kdtree verify path and print "
+        "[kdtree] shapes/parity lines (parity against an independent dense attention).",
+    )
+    parser.add_argument("--steps", type=int, default=0, help="verify steps to run; 0 = run until SIGTERM")
+    parser.add_argument("--interval", type=float, default=defaults.interval_s, help="seconds between steps")
+    parser.add_argument("--bs", type=_positive, default=defaults.bs, help="requests per batch")
+    parser.add_argument("--prefix", type=_positive, default=defaults.prefix, help="longest prefix (ragged)")
+    parser.add_argument("--q-len", type=_positive, default=defaults.q_len, help="draft tokens per request")
+    parser.add_argument("--heads", type=_positive, default=defaults.heads, help="query heads (per TP rank)")
+    parser.add_argument("--layers", type=_layers_arg, default=defaults.layers, help="layer ids to replay, e.g. 0,30,60")
+    parser.add_argument("--every", type=_positive, default=defaults.every_n_steps, help="parity every N steps")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=defaults.dtype)
+    parser.add_argument("--tree", choices=("tree", "chain", "star"), default=defaults.tree)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="with --steps N: exit 0 if every parity rel <= REL, else exit 3 (pre-restart parity check)",
+    )
+    return parser
+
+
+def resolve_device(raw: str) -> torch.device:
+    if raw == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(raw)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {raw}: CUDA is not available on this host; use --device cpu")
+    return device
+
+
+def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
+    if args.steps < 0:
+        raise ValueError(f"--steps must be >= 0, got {args.steps}")
+    if args.interval < 0:
+        raise ValueError(f"--interval must be >= 0, got {args.interval}")
+    if args.threshold is not None and args.steps == 0:
+        raise ValueError("--threshold needs a finite --steps N (it decides the exit status at the end)")
+    return ReplaySettings(
+        steps=args.steps,
+        interval_s=args.interval,
+        bs=args.bs,
+        prefix=args.prefix,
+        q_len=args.q_len,
+        heads=args.heads,
+        layers=args.layers,
+        every_n_steps=args.every,
+        device=args.device,
+        dtype=args.dtype,
+        tree=args.tree,
+        seed=args.seed,
+        threshold=args.threshold,
+    )
+
+
+class ReplayService:
+    """One verify step per call of :meth:`step`: build a batch, run every layer, print lines."""
+
+    def __init__(self, settings: ReplaySettings, device: torch.device, use_kernel: bool) -> None:
+        self.settings = settings
+        self.device = device
+        self.use_kernel = use_kernel
+        self.shapes_once = OncePer()
+        self.outcome = ReplayOutcome()
+
+    def step(self, index: int) -> None:
+        s = self.settings
+        batch = make_verify_batch(
+            bs=s.bs,
+            prefix=s.prefix,
+            q_len=s.q_len,
+            heads=s.heads,
+            layers=s.layers,
+            tree=s.tree,
+            dtype=DTYPES[s.dtype],
+            device=self.device,
+            seed=s.seed * 1_000_003 + index,
+        )
+        meta = marshal_verify(
+            batch.kv_indptr, batch.kv_indices, batch.out_cache_loc, batch.custom_mask, batch.mask_indptr, s.q_len
+        )
+        check = index % s.every_n_steps == 0
+        for layer in s.layers:
+            q, kv_buffer = batch.q[layer], batch.kv_buffers[layer]
+            out = attend(q, kv_buffer, meta, batch.qo_indptr, batch.sm_scale, use_kernel=self.use_kernel)
+            signature = shapes_signature(q, kv_buffer, s.bs, s.q_len, batch.sm_scale)
+            self.shapes_once(
+                signature,
+                lambda q=q, kv=kv_buffer: shapes_line(q, kv, meta, s.bs, int(batch.mask_indptr[-1]), batch.sm_scale),
+            )
+            if check:
+                max_abs, mean, rel = parity_stats(out, dense_verify_attention(batch, layer))
+                emit(format_parity(layer, max_abs, mean, rel))
+                self._record(rel)
+        self.outcome.steps_done += 1
+
+    def _record(self, rel: float) -> None:
+        outcome = self.outcome
+        outcome.parity_lines += 1
+        outcome.worst_rel = max(outcome.worst_rel, rel)
+        if self.settings.threshold is not None and not rel <= self.settings.threshold:
+            outcome.over_threshold += 1
+
+
+def run(settings: ReplaySettings, stop: threading.Event) -> ReplayOutcome:
+    device = resolve_device(settings.device)
+    usable, reason = kernel_usable(device)
+    if not usable:
+        emit(format_fallback(reason, path="reference", device=device.type))
+    print(
+        f"kdtree-replay: started device={device} path={'kernel' if usable else 'reference'} bs={settings.bs} "
+        f"prefix={settings.prefix} q_len={settings.q_len} H={settings.heads} layers={list(settings.layers)} "
+        f"steps={settings.steps or 'forever'}",
+        flush=True,
+    )
+    service = ReplayService(settings, device, use_kernel=usable)
+    index = 0
+    while not stop.is_set() and (settings.steps == 0 or index < settings.steps):
+        service.step(index)
+        index += 1
+        if settings.steps and index >= settings.steps:
+            break
+        stop.wait(settings.interval_s)
+    return service.outcome
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = load_config()
+    except ConfigError as exc:
+        print(f"kdtree-replay: bad configuration: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    args = build_parser(config.replay).parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        print(f"kdtree-replay: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        print(f"kdtree-replay: {signal.Signals(signum).name} received, stopping", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    started = time.monotonic()
+    try:
+        outcome = run(settings, stop)
+    except ValueError as exc:
+        print(f"kdtree-replay: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    if stop.is_set():  # a service stopped by SIGTERM is fine; an interrupted parity check is not a pass
+        code = EXIT_OK if settings.threshold is None else EXIT_PARITY_FAILED
+    else:
+        code = verdict_exit_code(outcome, settings.threshold)
+    print(
+        f"kdtree-replay: stopped steps={outcome.steps_done} parity_lines={outcome.parity_lines} "
+        f"worst_rel={outcome.worst_rel:.4e} threshold={settings.threshold} exit={code} "
+        f"elapsed_s={time.monotonic() - started:.1f}",
+        flush=True,
+    )
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Configuration: the shipped deploy/kdtree.json, env overrides, and errors that name the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from kdtree_backend.config import (
+    DEFAULT_CONFIG_PATH,
+    ConfigError,
+    ParityConfig,
+    load_config,
+    parse_config,
+)
+
+
+def test_shipped_config_parses_with_parity_on() -> None:
+    assert DEFAULT_CONFIG_PATH.is_file(), "deploy/kdtree.json ships in every release"
+    config = load_config(env={})
+    assert config.source == str(DEFAULT_CONFIG_PATH)
+    assert config.parity.enabled and config.parity.every_n_steps >= 1 and config.parity.layers
+    assert config.attention_mode in ("kdtree", "prefill")
+
+
+def test_env_overrides_take_precedence() -> None:
+    data = {"parity": {"enabled": True, "every_n_steps": 50, "layers": [0, 30, 60]}}
+    env = {"KDTREE_PARITY": "0", "KDTREE_PARITY_EVERY": "7", "KDTREE_PARITY_LAYERS": "1, 2", "KDTREE_USE_KERNEL": "no"}
+    config = parse_config(data, env)
+    assert config.parity == ParityConfig(enabled=False, every_n_steps=7, layers=(1, 2))
+    assert config.use_kernel is False
+
+
+def test_kdtree_config_env_points_at_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps({"parity": {"every_n_steps": 3}, "replay": {"bs": 5, "tree": "chain"}}))
+    config = load_config(env={"KDTREE_CONFIG": str(path)})
+    assert config.parity.every_n_steps == 3 and config.replay.bs == 5 and config.replay.tree == "chain"
+
+
+def test_missing_explicit_config_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="KDTREE_CONFIG"):
+        load_config(env={"KDTREE_CONFIG": str(tmp_path / "absent.json")})
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"parity": {"every_n_steps": 0}}, "parity.every_n_steps"),
+        ({"parity": {"enabled": "maybe"}}, "parity.enabled"),
+        ({"parity": {"layers": "a,b"}}, "parity.layers"),
+        ({"backend": {"attention_mode": "decode"}}, "backend.attention_mode"),
+        ({"replay": {"dtype": "int8"}}, "replay.dtype"),
+        ({"parity": []}, "'parity'"),
+    ],
+)
+def test_bad_values_name_the_field(data: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        parse_config(data)
+
+
+def test_parity_sampling() -> None:
+    parity = ParityConfig(enabled=True, every_n_steps=50, layers=(0, 30))
+    assert parity.wants(0, 0) and parity.wants(100, 30)
+    assert not parity.wants(1, 0) and not parity.wants(50, 1)
+    assert not ParityConfig(enabled=False).wants(0, 0)

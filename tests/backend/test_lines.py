@@ -1,0 +1,41 @@
+"""The [kdtree] lines must read exactly as design.md s.3 shows them (opsctl parses them verbatim)."""
+
+from __future__ import annotations
+
+from kdtree_backend.lines import OncePer, format_fallback, format_parity, format_shapes
+
+from opsctl.parity import ParityLine, ShapesLine, parse_line
+
+SHAPES = (
+    "[kdtree] shapes q=(9, 8, 576) kv_buf=(195012, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=30 "
+    "scale=0.14468 mask=(270,)"
+)
+PARITY = "[kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00"
+
+
+def test_shapes_line_is_the_design_example() -> None:
+    line = format_shapes(
+        q=(9, 8, 576), kv_buf=(195012, 576), bs=1, q_len=9, dl=512, dr=64, kv_len_max=30, scale=0.144679, mask=(270,)
+    )
+    assert line == SHAPES
+    assert isinstance(parse_line(line), ShapesLine)
+
+
+def test_parity_line_is_the_design_example_and_parses() -> None:
+    line = format_parity(56, 1.69341, 0.119481, 1.08372)
+    assert line == PARITY
+    record = parse_line(line)
+    assert isinstance(record, ParityLine)
+    assert record.layer == 56 and abs(record.rel - 1.0837) < 1e-9
+
+
+def test_extra_fields_are_appended_as_key_value() -> None:
+    assert format_parity(0, 0.0, 0.0, 0.0, mode="graph").endswith(" mode=graph")
+    assert format_fallback("fp8_kv_cache", path="triton") == "[kdtree] fallback reason=fp8_kv_cache path=triton"
+
+
+def test_once_per_key() -> None:
+    seen: list[str] = []
+    once = OncePer(seen.append)
+    assert once("a", "one") and not once("a", "again") and once("b", lambda: "two")
+    assert seen == ["one", "two"]
