@@ -56,6 +56,9 @@ CHECK_NAMES = ("ssh", "unit", "http", "gpu", "drift", "parity", "disk", "lock", 
 # drift and clock problems are not fixed by switching releases and are left to a person.
 ROLLBACK_CHECKS = frozenset({"unit", "http", "parity"})
 CLOCK_SKEW_WARN_S = 30.0
+# A lock directory is created first and its owner record written right after: a lock still without one after
+# this long was left by a run that died in between.
+UNOWNED_LOCK_WARN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -354,6 +357,8 @@ def check_lock(host: HostConfig, lock: LockFacts) -> CheckResult:
     release_hint = f"check and run `opsctl lock {host.name} release --force`"
     if lock.owner_alive is False:
         return CheckResult("lock", Level.CRIT, f"stale: owner {owner} is dead ({age:.0f}s old); {release_hint}", age)
+    if lock.owner_host is None and lock.owner_pid is None and age > UNOWNED_LOCK_WARN_S:
+        return CheckResult("lock", Level.WARN, f"held for {age:.0f}s with no owner record; {release_hint}", age)
     if age > stale_lock_age_s(host):
         return CheckResult(
             "lock", Level.WARN, f"held by {owner} for {age:.0f}s, longer than any deploy; {release_hint}", age
@@ -636,13 +641,8 @@ lock = os.path.join(root, "state", "lock")
 if os.path.lexists(lock):
     info = {"age_s": time.time() - os.lstat(lock).st_mtime, "text": ""}
     try:
-        if os.path.isdir(lock):
-            for name in sorted(os.listdir(lock))[:8]:
-                with open(os.path.join(lock, name), errors="replace") as fh:
-                    info["text"] += fh.read(4096)
-        else:
-            with open(lock, errors="replace") as fh:
-                info["text"] = fh.read(4096)
+        with open(os.path.join(lock, "owner.json") if os.path.isdir(lock) else lock, errors="replace") as fh:
+            info["text"] = fh.read(4096)
     except OSError as e:
         info["text"] = "unreadable: " + str(e)
     out["lock"] = info

@@ -159,6 +159,8 @@ def test_lock_states() -> None:
     assert levels(evaluate(h, healthy(lock=dead)))["lock"] is Level.CRIT
     assert levels(evaluate(h, healthy(lock=alive)))["lock"] is Level.OK
     assert levels(evaluate(h, healthy(lock=old_elsewhere)))["lock"] is Level.WARN
+    assert levels(evaluate(h, healthy(lock=LockFacts(True, 5.0))))["lock"] is Level.OK  # being taken right now
+    assert levels(evaluate(h, healthy(lock=LockFacts(True, 600.0))))["lock"] is Level.WARN  # its taker died
     detail = evaluate(h, healthy(lock=dead)).check("lock").detail  # type: ignore[union-attr]
     assert "4242" in detail and "release --force" in detail
 
