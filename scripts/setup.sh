@@ -24,7 +24,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install -q -e '.[dev]' 'torch==2.13.0'
-# --- backend: SGLang's CPU packages (the lead adds the lines here) -------------------------------------------
+pip_install() {  # quiet pip; this machine's pip config names package folders that may not exist: not news
+    .venv/bin/pip install -q "$@" 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+}
+pip_install -e '.[dev]' 'torch==2.13.0'
+# --- backend: SGLang's CPU packages (the lead adds the lines here, e.g. pip_install ...) ---------------------------
 # --- end backend ---------------------------------------------------------------------------------------------
 .venv/bin/python -c "import torch, opsctl; print('opsctl', opsctl.__version__, '| torch', torch.__version__)"
