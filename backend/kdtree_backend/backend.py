@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 LATENT_DIM = 512
 QK_DIM = 576
 DEFAULT_MAX_Q_LEN = 128
-HALF_DTYPES = (torch.bfloat16, torch.float16)
+KV_DTYPES = (torch.bfloat16,)  # what the kernel reads
 
 
 def _kernel_max_q_len() -> int:
@@ -64,8 +64,8 @@ def static_fallback_reason(
         return "not_absorbed_mla"
     if page_size > 1:
         return "page_size_gt_1"
-    if kv_cache_dtype is not None and kv_cache_dtype not in HALF_DTYPES:
-        return "fp8_kv_cache"
+    if kv_cache_dtype is not None and kv_cache_dtype not in KV_DTYPES:
+        return "fp8_kv_cache" if kv_cache_dtype.itemsize == 1 else "kv_cache_dtype_not_bf16"
     if dcp_size > 1:
         return "decode_context_parallel"
     if sliding_window:

@@ -43,6 +43,7 @@ class _GraphBuffers:
     keys: torch.Tensor
     draft_mask: torch.Tensor
     workspace: torch.Tensor | None
+    qo_indptr: torch.Tensor  # int32 copy of SGLang's (int64 in its graph buffers; the kernel wants int32)
     parity_rail: torch.Tensor
     parity_out: dict[int, torch.Tensor]
     parity_stats: torch.Tensor  # [len(layers), 3] float32
@@ -102,6 +103,7 @@ class VerifyEngine:
             keys=torch.zeros(max_bs * keys_per_request, dtype=torch.int32, device=device),
             draft_mask=torch.zeros(max_tokens, words, dtype=torch.int64, device=device),
             workspace=torch.empty(workspace_bytes, dtype=torch.uint8, device=device) if workspace_bytes else None,
+            qo_indptr=torch.zeros(max_bs + 1, dtype=torch.int32, device=device),
             parity_rail=torch.zeros(max_bs + 1, dtype=torch.int32, device=device),
             parity_out={
                 layer: torch.zeros(max_tokens, self.heads, self.v_head_dim, dtype=dtype, device=device)
@@ -137,7 +139,6 @@ class VerifyEngine:
         self._report_graph_parity()
         self.graph_mode = graph
         self.bs = bs
-        self.qo_indptr = qo_indptr
         if not capture:
             self.step += 1
         self._sampled = not capture and self.parity.enabled and self.step % self.parity.every_n_steps == 0
@@ -159,6 +160,8 @@ class VerifyEngine:
             self.meta = VerifyMetadata(
                 buffers.key_indptr[: bs + 1], buffers.keys, buffers.draft_mask[:tokens], self.q_len
             )
+            buffers.qo_indptr[: bs + 1].copy_(qo_indptr[: bs + 1])
+            self.qo_indptr = buffers.qo_indptr[: bs + 1]
             rail = buffers.parity_rail[: bs + 1]
             if self._sampled:
                 rail.copy_(qo_indptr[: bs + 1])
@@ -171,6 +174,7 @@ class VerifyEngine:
                 kv_indptr[: bs + 1], kv_indices, out_cache_loc[:tokens], custom_mask, mask_indptr, self.q_len, capacity
             )
             self.max_prefix_len = max_prefix_len
+            self.qo_indptr = qo_indptr[: bs + 1].to(torch.int32)
         if not capture:
             self._queue_shapes(mask_indptr, bs, kv_buffer_shape)
 
