@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
@@ -369,7 +369,6 @@ class Remote:
     host: HostConfig
     endpoint: Endpoint
     client: paramiko.SSHClient
-    _kills: list[str] = field(default_factory=list, repr=False)
 
     # -- commands ------------------------------------------------------------------------------------------
 
@@ -507,7 +506,10 @@ class Remote:
             f"set -e; t=$(mktemp {p}.opsctl-XXXXXX); trap 'rm -f \"$t\"' EXIT; "
             f'cat > "$t"; chmod {mode:o} "$t"; sync "$t" 2>/dev/null || true; mv -f "$t" {p}; trap - EXIT'
         )
-        self.run(script, stdin=data if isinstance(data, bytes) else data.encode())
+        try:
+            self.run(script, stdin=data if isinstance(data, bytes) else data.encode())
+        except CommandFailed as e:  # name the file, not the script
+            raise CommandFailed(self.host.name, f"write {path}", e.rc, e.stderr_tail) from None
 
     def read_file(self, path: str) -> bytes:
         raw = self._exec(f"cat -- {shlex.quote(path)}", timeout=None, sudo=None, on_output=None, stdin=None)

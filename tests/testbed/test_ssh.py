@@ -49,7 +49,7 @@ def test_run_quotes_sequences_and_passes_stdin(tb1: HostConfig) -> None:
         hostile = "a b; echo INJECTED $(id)"
         res = r.run(["printf", "%s", hostile])
         assert res.stdout == hostile and res.rc == 0 and res.elapsed_s > 0
-        assert r.run("cat", stdin=b"\x00\x01binary\xff").stdout.encode("utf-8", "surrogateescape") != b""
+        assert r.run("od -An -tx1", stdin=b"\x00\x01\xff").stdout.split() == ["00", "01", "ff"]
         assert r.run("wc -c", stdin="12345").stdout.strip() == "5"
 
 
@@ -130,6 +130,9 @@ def test_write_and_read_file_atomically(tb1: HostConfig) -> None:
         assert r.run("ls -A /root/opsctl-test").stdout.split() == ["blob"]  # no temp files left
         with pytest.raises(CommandFailed):
             r.read_file("/root/opsctl-test/missing")
+        with pytest.raises(CommandFailed) as exc:
+            r.write_file("/root/opsctl-test/no-such-dir/f", "x")
+        assert exc.value.command == "write /root/opsctl-test/no-such-dir/f"
         r.run("rm -rf /root/opsctl-test")
 
 
