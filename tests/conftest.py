@@ -17,8 +17,14 @@ Hosts: ``local`` and ``tb1..tbN`` (N = $OPSCTL_TESTBED_HOSTS, default 2); groups
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# tests/opsctl/ would otherwise shadow the opsctl package (as an empty namespace package) when pytest runs from
+# a path entry that lists tests/ first: the repository root goes first, before anything imports opsctl.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from opsctl.errors import OpsError
 from opsctl.inventory import Inventory
