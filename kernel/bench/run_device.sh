@@ -24,8 +24,9 @@ for stage in $stages; do
       grep -E "Used|spill" "$OUT/build.log" | sort | uniq -c | head -20 ;;
     kernel-tests)
       python3 -m pytest -m gpu tests/kernel -q -x --noconftest -p no:cacheprovider --timeout 300 2>&1 | tee "$OUT/kernel-tests.log" | tail -15 ;;
-    bench)
-      python3 kernel/bench/bench_verify.py --sglang-site /tmp/site --out kernel/bench/results-h200.json 2> "$OUT/bench.log"
+    bench|bench-fast)
+      extra=""; [ "$stage" = bench-fast ] && extra="--default-tiles-only"
+      python3 kernel/bench/bench_verify.py $extra --sglang-site /tmp/site --out kernel/bench/results-h200.json 2> "$OUT/bench.log"
       cp kernel/bench/results-h200.json kernel/bench/results-h200.md kernel/bench/results-h200.extra.json "$OUT/" ;;
     quick-bench)
       python3 kernel/bench/bench_verify.py --quick --sglang-site /tmp/site --out "$OUT/quick.json" 2> "$OUT/bench.log"; tail -5 "$OUT/bench.log" ;;

@@ -41,6 +41,7 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
   TORCH_CHECK(kv_indices.dim() == 1 && kv_indices.is_contiguous() &&
                   (kv_indices.scalar_type() == at::kInt || kv_indices.scalar_type() == at::kLong),
               "kv_indices must be a contiguous int32 or int64 vector");
+  TORCH_CHECK(sm_scale > 0.0, "sm_scale must be positive, got ", sm_scale);
   const int64_t tokens = q.size(0);
   const int64_t heads = q.size(1);
   const int64_t bs = qo_indptr.size(0) - 1;

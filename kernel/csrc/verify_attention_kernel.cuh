@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(TileConfig<RG, BN, STAGES>::kThreads, 1)
       }
     }
 
-    // Scale into the log2 domain and mask: keys past the chunk, and drafts the tree hides from this row.
+    // Mask (raw scores): keys past the chunk, and drafts the tree hides from this row.
     if (tile_key0 + BN > prefix || tile_key0 + BN > key_hi) {
 #pragma unroll
       for (int t = 0; t < kScoreTiles; ++t) {
@@ -258,44 +258,46 @@ __global__ void __launch_bounds__(TileConfig<RG, BN, STAGES>::kThreads, 1)
             const uint64_t* mask_row = p.draft_mask + static_cast<int64_t>(q_tok0 + token[e >> 1]) * p.mask_words;
             visible = (__ldg(reinterpret_cast<const unsigned long long*>(mask_row) + (j >> 6)) >> (j & 63)) & 1ull;
           }
-          s[t][e] = visible ? s[t][e] * p.scale_log2 : -INFINITY;
+          if (!visible) s[t][e] = -INFINITY;
         }
-      }
-    } else {
-#pragma unroll
-      for (int t = 0; t < kScoreTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[t][e] *= p.scale_log2;
       }
     }
 
     // Online softmax over this tile (rows g and g + 8; a row's BN columns live in the 4 lanes of a quad).
+    // Running maxima are kept in the scaled log2 domain; the scale (> 0) is folded into one FFMA per score.
+    float alpha[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float mx = row_max[i];
+      float raw = -INFINITY;
 #pragma unroll
-      for (int t = 0; t < kScoreTiles; ++t) mx = fmaxf(mx, fmaxf(s[t][2 * i], s[t][2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      for (int t = 0; t < kScoreTiles; ++t) raw = fmaxf(raw, fmaxf(s[t][2 * i], s[t][2 * i + 1]));
+      raw = fmaxf(raw, __shfl_xor_sync(0xffffffffu, raw, 1));
+      raw = fmaxf(raw, __shfl_xor_sync(0xffffffffu, raw, 2));
+      const float mx = fmaxf(row_max[i], raw * p.scale_log2);
       const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet stays at zero weight
-      const float alpha = exp2f(row_max[i] - base);
+      alpha[i] = fast_exp2(row_max[i] - base);
       row_max[i] = mx;
       float sum = 0.f;
 #pragma unroll
       for (int t = 0; t < kScoreTiles; ++t) {
-        s[t][2 * i] = exp2f(s[t][2 * i] - base);
-        s[t][2 * i + 1] = exp2f(s[t][2 * i + 1] - base);
+        s[t][2 * i] = fast_exp2(fmaf(s[t][2 * i], p.scale_log2, -base));
+        s[t][2 * i + 1] = fast_exp2(fmaf(s[t][2 * i + 1], p.scale_log2, -base));
         sum += s[t][2 * i] + s[t][2 * i + 1];
       }
-      row_sum[i] = row_sum[i] * alpha + sum;
+      row_sum[i] = row_sum[i] * alpha[i] + sum;
+    }
+    // Rescale the accumulators only when some row's maximum moved (rare once the prefix max is found).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int t = 0; t < kOutTiles; ++t) {
-        acc[t][2 * i] *= alpha;
-        acc[t][2 * i + 1] *= alpha;
+        acc[t][0] *= alpha[0];
+        acc[t][1] *= alpha[0];
+        acc[t][2] *= alpha[1];
+        acc[t][3] *= alpha[1];
       }
     }
 
-    // O += P V over this warp's 256 output columns; P goes from score accumulators straight to A fragments.
+    // O += P V over this warp's 128 output columns; P goes from score accumulators straight to A fragments.
     {
       const int key_in_tile = (lane & 7) + ((lane >> 3) & 1) * 8;
       const int col_off = (lane >> 4) * 8;
