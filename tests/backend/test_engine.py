@@ -114,3 +114,12 @@ def test_graph_buffers_keep_their_addresses_across_steps() -> None:
         assert engine.meta is not None and engine.qo_indptr is not None
         pointers.add((engine.meta.keys.data_ptr(), engine.meta.draft_mask.data_ptr(), engine.qo_indptr.data_ptr()))
     assert len(pointers) == 1
+
+
+def test_parity_never_changes_the_output() -> None:
+    batch = make_verify_batch(bs=2, prefix=30, q_len=9, heads=4, layers=(0,), seed=8)
+    outs = []
+    for parity in (ParityConfig(True, 1, (0,)), ParityConfig(False, 1, (0,))):
+        engine = VerifyEngine(q_len=9, heads=4, parity=parity, use_kernel=False, sink=lambda _: None)
+        outs.append(step(engine, batch, graph=False)[0])
+    assert torch.equal(outs[0], outs[1])
