@@ -26,7 +26,8 @@ __global__ void __launch_bounds__(128) verify_combine_kernel(const VerifyParams 
   const int b = blockIdx.y;
   const int rows = p.q_len * p.heads;
   const int kv_len = p.kv_indptr[b + 1] - p.kv_indptr[b];
-  const int live_splits = min(p.splits, (kv_len + p.chunk_keys - 1) / p.chunk_keys);
+  const int chunk = chunk_for(p, kv_len);
+  const int live_splits = min(p.splits, (kv_len + chunk - 1) / chunk);
   const int64_t slot0 = static_cast<int64_t>(b) * p.splits * rows + r;
   float mx = -INFINITY;
   for (int s = 0; s < live_splits; ++s) mx = fmaxf(mx, p.part_lse[slot0 + static_cast<int64_t>(s) * rows]);
@@ -72,7 +73,7 @@ int verify_blocks_per_sm(int block_n, int row_groups) {
 
 cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream) {
   if (p.row_groups < 1 || p.row_groups > kMaxRowGroups || p.q_len < 1 || p.q_len > kMaxQLen || p.bs < 1 ||
-      p.splits < 1 || p.chunk_keys < kChunkAlign || p.chunk_keys % kChunkAlign != 0 || p.row_blocks < 1) {
+      p.splits < 1 || p.chunk_keys < 0 || p.chunk_keys % kChunkAlign != 0 || p.row_blocks < 1) {
     return cudaErrorInvalidValue;
   }
   VerifyKernelFn fn = kernel_for(p.block_n, p.row_groups, p.indices_are_int64 != 0);

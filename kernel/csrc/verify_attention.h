@@ -39,10 +39,20 @@ struct VerifyParams {
   int row_groups;             // 1..3: 16-row groups per block
   int row_blocks;             // blocks along the (token, head) rows of one request
   int splits;                 // KV chunks per request (grid dimension, fixed at capture)
-  int chunk_keys;             // keys per chunk, a multiple of kChunkAlign
+  int chunk_keys;             // keys per chunk, a multiple of kChunkAlign; 0: per request (see chunk_for)
   int block_n;                // keys per tile: 32 (2 stages) or 16 (4 stages)
   float scale_log2;           // sm_scale * log2(e)
 };
+
+// Keys per KV chunk of a request with kv_len keys. A fixed chunk (planned for the worst-case prefix) or, with
+// chunk_keys == 0, kv_len spread over all `splits` chunks, so that a short request under a CUDA graph
+// captured for a long bound still uses the whole grid. Host and device agree through this one function.
+__host__ __device__ inline int chunk_for(const VerifyParams& p, int kv_len) {
+  if (p.chunk_keys > 0) return p.chunk_keys;
+  const int even = (kv_len + p.splits - 1) / p.splits;
+  const int aligned = (even + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+  return aligned > kChunkAlign ? aligned : kChunkAlign;
+}
 
 // Shared memory (bytes, dynamic) one block of the main kernel uses for a tile config; 0 if unsupported.
 int verify_smem_bytes(int block_n, int row_groups);

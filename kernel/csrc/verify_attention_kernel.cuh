@@ -1,7 +1,7 @@
 // DDTree verify attention for absorbed MLA (D = 576 keys, 512 values), plain CUDA, no torch.
 //
 // Work split. One block = one request x one block of up to 16*RG (token, head) rows x one KV chunk. Every
-// row of the block (all heads and draft tokens it holds) shares each 32-key tile it stages in shared memory,
+// row of the block (all heads and draft tokens it holds) shares each key tile it stages in shared memory,
 // so a request's KV is read from DRAM once per chunk, not once per head. Small batches split the KV range
 // into chunks (grid.y) and a combine kernel merges the partial softmaxes (LSE-weighted).
 //
@@ -11,9 +11,13 @@
 // the 512 output columns (64 fp32 accumulators per thread). Up to 3 row groups (12 warps) per block keep
 // registers under 170 per thread, and enough warps resident to hide ldmatrix/mma latency.
 //
+// Measured limit (H200, ncu): shared-memory traffic and issue, not DRAM or the tensor cores: every K/V byte
+// is read by ldmatrix once per row group and the partial scores cross shared memory. See
+// kernel/bench/results-h200.md and the issue note for the next step (keys on the MMA M side).
+//
 // Pipeline. STAGES shared-memory tiles of BN keys x 576 dims (rows padded by 16 bytes, so the 8 row reads of
 // each ldmatrix hit distinct banks), filled by cp.async gathers STAGES - 1 tiles ahead. The pool rows a
-// gather needs are themselves staged one tile earlier (cp.async into a small ring), so no thread ever waits
+// gather needs are themselves staged tiles earlier (cp.async into a small ring), so no thread ever waits
 // on an index load before issuing its copies. Configs: BN=32 x 2 stages, BN=16 x 4 stages.
 #pragma once
 
@@ -53,7 +57,7 @@ struct TileConfig {
 
 static_assert(TileConfig<kMaxRowGroups, 32, 2>::kSmemBytes <= 99 * 1024, "BN=32 x 2 stages must fit 99 KB");
 static_assert(TileConfig<kMaxRowGroups, 16, 4>::kSmemBytes <= 99 * 1024, "BN=16 x 4 stages must fit 99 KB");
-static_assert(kHeadDim % (16 * kWarpsPerRowGroup) == 0, "head dim must split evenly across a warp pair");
+static_assert(kHeadDim % (16 * kWarpsPerRowGroup) == 0, "head dim must split evenly across a row group's warps");
 
 // Gathers one tile's key rows (pool rows already staged in shared memory) with 16-byte cp.async; rows past
 // key_hi are zero-filled so that masked P (= 0) times V stays 0.
@@ -106,9 +110,10 @@ __global__ void __launch_bounds__(TileConfig<RG, BN, STAGES>::kThreads, 1)
   const int kv_begin = p.kv_indptr[b];
   const int kv_len = p.kv_indptr[b + 1] - kv_begin;
   const int prefix = kv_len - p.q_len;
-  const int key_lo = split * p.chunk_keys;
+  const int chunk = chunk_for(p, kv_len);
+  const int key_lo = split * chunk;
   if (key_lo >= kv_len) return;  // this chunk lies past the request's keys (grid sized for the worst case)
-  const int key_hi = min(kv_len, key_lo + p.chunk_keys);
+  const int key_hi = min(kv_len, key_lo + chunk);
   const int n_tiles = (key_hi - key_lo + BN - 1) / BN;
 
   const IdxT* indices = static_cast<const IdxT*>(p.kv_indices) + kv_begin;

@@ -12,6 +12,10 @@ from .mask import mask_words
 from .plan import DEFAULT_BLOCK_N, HEAD_DIM, MAX_Q_LEN, TILE_CONFIGS, VALUE_DIM, LaunchPlan, plan_launch, row_tiling
 
 BLOCK_N_ENV = "KDTREE_BLOCK_N"  # tuning override of the tile size (16 or 32); read when a plan is made
+# "1": every request spreads its own keys over all planned splits (chunk chosen on the device from its
+# kv_len) instead of fixed chunks sized for max_prefix_len. Faster for short requests replayed in a graph
+# captured for a long bound; off by default until it has been timed (it passes the same GPU tests).
+ADAPTIVE_CHUNKS_ENV = "KDTREE_ADAPTIVE_CHUNKS"
 
 
 @functools.cache
@@ -140,7 +144,7 @@ def verify_attention(
         plan.row_groups,
         plan.row_blocks,
         plan.splits,
-        plan.chunk_keys,
+        0 if os.environ.get(ADAPTIVE_CHUNKS_ENV) == "1" else plan.chunk_keys,
         plan.block_n,
     )
     return out

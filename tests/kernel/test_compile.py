@@ -6,6 +6,7 @@ is checked by a static_assert in the header and recomputed here), and on large r
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -120,3 +121,33 @@ def test_kernels_compile(arch: str, tmp_path: Path) -> None:
         assert k["smem"] + worst_dynamic_smem() <= SMEM_LIMIT, f"{name}: smem over 99 KB"
         assert k["regs"] <= 255, name
         assert k["spill"] <= MAX_SPILL_BYTES, f"{name} on {arch} spills {k['spill']} bytes"
+
+
+def test_chunk_for_covers_every_key(tmp_path: Path) -> None:
+    """chunk_for() (shared by the kernel, the combine and the host) spreads keys over the planned splits:
+    aligned chunks, every key covered, no split beyond the last that has keys. Built and run on the host."""
+    src = tmp_path / "chunk.cu"
+    src.write_text(
+        '#include <cstdio>\n#include "verify_attention.h"\n'
+        "int main() {\n"
+        "  kdtree::VerifyParams p{};\n"
+        "  for (int fixed : {0, 64}) for (int splits : {1, 3, 66, 256}) for (int kv : {1, 31, 32, 33, 1033, 131072}) {\n"
+        "    p.chunk_keys = fixed; p.splits = splits;\n"
+        '    std::printf("%d %d %d %d\\n", fixed, splits, kv, kdtree::chunk_for(p, kv));\n'
+        "  }\n}\n"
+    )
+    exe = tmp_path / "chunk"
+    build = subprocess.run(
+        [NVCC, "-std=c++17", f"-I{CSRC}", str(src), "-o", str(exe)], capture_output=True, text=True, check=False
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True, timeout=60).stdout.split("\n")
+    rows = [tuple(map(int, line.split())) for line in lines if line.strip()]
+    assert len(rows) == 2 * 4 * 6
+    for fixed, splits, kv, chunk in rows:
+        if fixed:
+            assert chunk == fixed
+            continue
+        assert chunk % 32 == 0 and chunk >= 32
+        assert splits * chunk >= kv  # every key lands in some split
+        assert chunk - 32 < math.ceil(kv / splits)  # not larger than the alignment needs

@@ -116,8 +116,11 @@ def test_strided_q_view() -> None:
     assert rel_error(out, ref) <= REL_TOL
 
 
-def test_prefix_shorter_than_planned_bound() -> None:
-    """Grid sized for a much longer prefix (as under CUDA graphs): idle chunks exit, results still right."""
+@pytest.mark.parametrize("adaptive", ["0", "1"])
+def test_prefix_shorter_than_planned_bound(adaptive: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Grid sized for a much longer prefix (as under CUDA graphs): idle chunks exit (fixed chunks) or every
+    request spreads over all splits (adaptive chunks); results right either way."""
+    monkeypatch.setenv("KDTREE_ADAPTIVE_CHUNKS", adaptive)
     case = make_case(2, 500, 9, 8, ragged=True, seed=3)
     out = torch.empty(case.bs * case.q_len, case.heads, 512, dtype=torch.bfloat16, device="cuda")
     verify_attention(
@@ -136,8 +139,12 @@ def test_prefix_shorter_than_planned_bound() -> None:
     assert rel_error(out, ref) <= REL_TOL
 
 
+@pytest.mark.parametrize("adaptive", ["0", "1"])
 @pytest.mark.parametrize(("bs", "prefix", "q_len", "heads"), [(1, 8192, 9, 8), (4, 3000, 16, 16), (64, 1000, 9, 8)])
-def test_cuda_graph_replay_matches_eager(bs: int, prefix: int, q_len: int, heads: int) -> None:
+def test_cuda_graph_replay_matches_eager(
+    bs: int, prefix: int, q_len: int, heads: int, adaptive: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KDTREE_ADAPTIVE_CHUNKS", adaptive)
     case = make_case(bs, prefix, q_len, heads, ragged=True, seed=5)
     bound = prefix + 1000  # capture for a bound larger than any prefix replayed
     t = bs * q_len
