@@ -667,7 +667,8 @@ def _rollback_after_failure(
         mark = restart_unit(session.r, host)
         note["detail"] = "restarted"
     with timer.timed(rep, "gate (rollback)") as note:
-        gate = run_gate(session, host, mark, rep, deadline_s=opts.gate_timeout_s)
+        # The release we go back to gets the host's full deadline, not a --gate-timeout meant for the new one.
+        gate = run_gate(session, host, mark, rep, deadline_s=max(opts.gate_timeout_s or 0.0, host.gate.deadline_s))
         note["detail"] = f"{gate.verdict}: {gate.reason}"
     result.rolled_back_to, result.rollback_verdict = target, str(gate.verdict)
     hs.append_history(

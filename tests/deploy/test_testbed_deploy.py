@@ -29,7 +29,8 @@ from opsctl.testbed import Testbed, reset_host
 
 from . import trees
 
-GATE_S = 25.0
+# Generous: the gate ends as soon as K passes arrive; only a silent service waits this long (its test sets its own).
+GATE_S = 90.0
 
 pytestmark = pytest.mark.skipif(
     not (trees.SOURCE / "backend/kdtree_backend/replay.py").exists(),
@@ -235,9 +236,9 @@ def test_no_parity_line_before_deadline_rolls_back(
     t = time.monotonic()
     res = d.deploy(tb1, tree, d.DeployOptions(gate_timeout_s=6))
     assert res.verdict == "NODATA", res.line()
-    assert res.step_times["gate"] == pytest.approx(6, abs=3)
+    assert 6 <= res.step_times["gate"] < 30  # decided by the deadline, not later than a few polls after it
     assert res.rolled_back_to == good_id and res.rollback_verdict == "PASS"
-    assert time.monotonic() - t < 60
+    assert time.monotonic() - t < 240
     snap = assert_healthy(tb1, good_id)
     assert make_manifest(tree).id in snap.bad
 
