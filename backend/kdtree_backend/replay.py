@@ -196,6 +196,9 @@ class ReplayService:
 
 def run(settings: ReplaySettings, stop: threading.Event) -> ReplayOutcome:
     device = resolve_device(settings.device)
+    if device.type == "cpu":
+        # Small batches gain nothing from intra-op threads, and testbed hosts share a few cores between units.
+        torch.set_num_threads(1)
     usable, reason = kernel_usable(device)
     if not usable:
         emit(format_fallback(reason, path="reference", device=device.type))
@@ -208,7 +211,8 @@ def run(settings: ReplaySettings, stop: threading.Event) -> ReplayOutcome:
     service = ReplayService(settings, device, use_kernel=usable)
     index = 0
     while not stop.is_set() and (settings.steps == 0 or index < settings.steps):
-        service.step(index)
+        with torch.inference_mode():
+            service.step(index)
         index += 1
         if settings.steps and index >= settings.steps:
             break
