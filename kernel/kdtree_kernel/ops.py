@@ -9,7 +9,17 @@ import torch
 
 from .extension import load_extension
 from .mask import mask_words
-from .plan import DEFAULT_BLOCK_N, HEAD_DIM, MAX_Q_LEN, TILE_CONFIGS, VALUE_DIM, LaunchPlan, plan_launch, row_tiling
+from .plan import (
+    DEFAULT_BLOCK_N,
+    HEAD_DIM,
+    MAX_Q_LEN,
+    TILE_CONFIGS,
+    VALUE_DIM,
+    LaunchPlan,
+    max_workspace_bytes,
+    plan_launch,
+    row_tiling,
+)
 
 BLOCK_N_ENV = "KDTREE_BLOCK_N"  # tuning override of the tile size (16 or 32); read when a plan is made
 # "1": every request spreads its own keys over all planned splits (chunk chosen on the device from its
@@ -68,12 +78,26 @@ def _block_n() -> int:
 def workspace_size(
     bs: int, q_len: int, heads: int, max_prefix_len: int, device: torch.device | int | str | None = None
 ) -> int:
-    """Bytes of workspace verify_attention needs for a batch of at most these sizes (0: none needed).
+    """Bytes of workspace verify_attention needs for any batch of at most ``bs`` requests whose prefixes are
+    at most ``max_prefix_len`` (0: none needed).
 
     Allocate it once (e.g. ``torch.empty(n, dtype=torch.uint8, device=...)``) and pass it as ``workspace`` to
-    keep the call allocation-free under CUDA graphs; capture with the largest ``max_prefix_len`` you replay.
+    keep the call allocation-free under CUDA graphs; pass the same ``max_prefix_len`` to verify_attention.
     """
-    return launch_plan(bs, q_len, heads, max_prefix_len, device).workspace_bytes
+    if not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"q_len must be in [1, {MAX_Q_LEN}], got {q_len}")
+    row_groups, _ = row_tiling(q_len, heads)
+    block_n = _block_n()
+    index = _device_index(device)
+    return max_workspace_bytes(
+        bs,
+        q_len,
+        heads,
+        max_prefix_len,
+        num_sms=_num_sms(index),
+        blocks_per_sm=_blocks_per_sm(block_n, row_groups),
+        block_n=block_n,
+    )
 
 
 def _check_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, q_len: int, v_head_dim: int) -> None:

@@ -98,3 +98,23 @@ def plan_launch(
     chunk_keys = math.ceil(math.ceil(max_keys / splits) / BLOCK_N) * BLOCK_N
     splits = math.ceil(max_keys / chunk_keys)  # rounding the chunk up can leave the last split empty
     return LaunchPlan(row_groups, row_blocks, splits, chunk_keys, rows, bs, block_n)
+
+
+def max_workspace_bytes(
+    bs: int,
+    q_len: int,
+    heads: int,
+    max_prefix_len: int,
+    *,
+    num_sms: int,
+    blocks_per_sm: int = 1,
+    block_n: int = DEFAULT_BLOCK_N,
+) -> int:
+    """Workspace that serves every batch size 1..bs (smaller batches split their keys further, so their
+    partials can outgrow those of the largest batch); what a CUDA-graph runner allocates once."""
+    return max(
+        plan_launch(
+            b, q_len, heads, max_prefix_len, num_sms=num_sms, blocks_per_sm=blocks_per_sm, block_n=block_n
+        ).workspace_bytes
+        for b in range(1, bs + 1)
+    )

@@ -7,7 +7,15 @@ import itertools
 import math
 
 import pytest
-from kdtree_kernel.plan import BLOCK_N, MAX_ROW_GROUPS, ROWS_PER_GROUP, TILE_CONFIGS, plan_launch, row_tiling
+from kdtree_kernel.plan import (
+    BLOCK_N,
+    MAX_ROW_GROUPS,
+    ROWS_PER_GROUP,
+    TILE_CONFIGS,
+    max_workspace_bytes,
+    plan_launch,
+    row_tiling,
+)
 
 SMS = 132
 
@@ -81,3 +89,13 @@ def test_rejects_bad_sizes(kwargs: dict[str, int], match: str) -> None:
         plan_launch(
             args["bs"], args["q_len"], args["heads"], args["max_prefix_len"], num_sms=SMS, block_n=args["block_n"]
         )
+
+
+@pytest.mark.parametrize(("q_len", "heads", "prefix"), [(9, 8, 131072), (16, 16, 32768), (64, 8, 4096)])
+def test_workspace_covers_every_smaller_batch(q_len: int, heads: int, prefix: int) -> None:
+    """A graph runner sizes the workspace for max_bs once; each captured bs <= max_bs must fit in it."""
+    max_bs = 8
+    total = max_workspace_bytes(max_bs, q_len, heads, prefix, num_sms=SMS)
+    per_bs = [plan_launch(b, q_len, heads, prefix, num_sms=SMS).workspace_bytes for b in range(1, max_bs + 1)]
+    assert total == max(per_bs)
+    assert total >= plan_launch(max_bs, q_len, heads, prefix, num_sms=SMS).workspace_bytes
