@@ -366,7 +366,9 @@ def _install_unit_for(r: Any, host: HostConfig, layout: Layout, release: str) ->
     """Install the unit stored with a release (rendered at its deploy, or the hand-made one for release zero)."""
     text = r.read_file(f"{layout.release(release)}/unit.service").decode()
     changed = unitmod.install(r, host, text, _read_unit_text(r, host))
-    r.run(["systemctl", "enable", "--quiet", host.unit + ".service"], timeout=60, check=False)
+    u = shlex.quote(host.unit + ".service")
+    # `systemctl enable` reloads the manager even when nothing changes: only when not enabled yet.
+    r.run(f"systemctl is-enabled --quiet {u} || systemctl enable --quiet {u}", timeout=60, check=False)
     return changed
 
 
@@ -403,6 +405,8 @@ def _prerestart_parity(r: Any, host: HostConfig, layout: Layout, release: str, n
         "kdtree_backend.replay",
         "--steps",
         str(PRE_RESTART_PARITY_STEPS),
+        "--interval",
+        "0",
         "--threshold",
         f"{host.gate.fail_rel:g}",
     ]
