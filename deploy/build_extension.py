@@ -39,11 +39,16 @@ SOURCES = (
     "mma_rate.cu",
 )
 ARCH_RE = re.compile(r"^\d{1,2}\.\d$")
+AUTO_ARCHES = ("auto", "0.0")  # opsctl passes 0.0 for a host whose inventory names no GPU arch
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", required=True, help="compute capability, e.g. 12.0 (RTX PRO 6000) or 9.0 (H200)")
+    parser.add_argument(
+        "--arch",
+        required=True,
+        help="compute capability, e.g. 12.0 (RTX PRO 6000) or 9.0 (H200); 'auto' or 0.0: the visible GPU's",
+    )
     parser.add_argument("--out", required=True, type=Path, help="directory that receives the built module")
     parser.add_argument("--log", type=Path, default=None, help="build log (default: <out>/build.log)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds before the compile is killed")
@@ -71,6 +76,16 @@ def cuda_toolchain_problem() -> str | None:
         if shutil.which("nvcc") is None:
             return "nvcc was not found (set CUDA_HOME or put nvcc on PATH)"
     return None
+
+
+def detect_arch() -> str | None:
+    """Compute capability of GPU 0 as 'major.minor', or None when no GPU is visible."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"{major}.{minor}"
 
 
 def arch_flags(arch: str) -> list[str]:
@@ -148,8 +163,8 @@ def run_child(args: argparse.Namespace, log_path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if not ARCH_RE.match(args.arch):
-        print(f"--arch must look like 12.0 or 9.0, got {args.arch!r}", file=sys.stderr)
+    if args.arch not in AUTO_ARCHES and not ARCH_RE.match(args.arch):
+        print(f"--arch must look like 12.0 or 9.0 (or 'auto'), got {args.arch!r}", file=sys.stderr)
         return EXIT_USAGE
     missing = [s for s in SOURCES if not (args.source_dir / s).is_file()]
     if missing:
@@ -158,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return build_in_this_process(args)
     problem = cuda_toolchain_problem()
+    if problem is None and args.arch in AUTO_ARCHES:
+        detected = detect_arch()
+        if detected is None:
+            problem = "no GPU visible to pick the arch from"
+        else:
+            args.arch = detected
     if problem is not None:
         print(f"no CUDA toolchain: {problem}; the release runs the reference path", file=sys.stderr)
         return EXIT_NO_CUDA
