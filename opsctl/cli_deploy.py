@@ -27,7 +27,7 @@ from rich.text import Text
 from . import cli_common as common
 from . import deploy as pipeline
 from . import hoststate as hs
-from .errors import OpsError, UsageError
+from .errors import DeployFailed, OpsError, UsageError
 from .gate import classify
 from .inventory import HostConfig
 from .journal import message_text
@@ -200,12 +200,17 @@ def deploy_command(
     if plan_res.plan is not None and not as_json:
         for line in plan_res.plan.describe():
             console.print(line, highlight=False)
-    if dry_run or plan_res.verdict == "REFUSED":
-        if plan_res.verdict == "REFUSED":
-            raise OpsError(f"deploy refused: {plan_res.reason}")
+    if plan_res.verdict == "REFUSED" and dry_run:
+        raise DeployFailed(f"deploy would be refused: {plan_res.reason}")
+    if dry_run or plan_res.verdict == "UP-TO-DATE":
         _finish(plan_res, as_json)
         return
-    if not yes and not typer.confirm(f"Deploy {plan_res.release} to {host}?", default=False):
+    # A refusal is raised by the real run below with its own type (LockHeld, DeployFailed): no question first.
+    if (
+        plan_res.verdict != "REFUSED"
+        and not yes
+        and not typer.confirm(f"Deploy {plan_res.release} to {host}?", default=False)
+    ):
         raise typer.Exit(code=1)
     real = pipeline.DeployOptions(
         gate_timeout_s=gate_timeout, force=force, no_restart=no_restart, skip_prerestart_parity=skip_parity

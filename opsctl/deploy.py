@@ -472,13 +472,14 @@ def deploy(
             if opts.dry_run:
                 return finish("REFUSED", plan.refusal)
             raise DeployFailed(plan.refusal)
-        if opts.dry_run:
-            return finish("PLANNED", "dry run: nothing changed")
         if plan.up_to_date:
             return finish(
                 "UP-TO-DATE",
                 f"{manifest.id} is already current; `opsctl restart {host.name}` restarts and gates it, --force redeploys",
             )
+
+        if opts.dry_run:
+            return finish("PLANNED", "dry run: nothing changed")
 
         owner = LockOwner.mine(f"{command} {manifest.id}")
         with timer.timed(rep, "lock") as note:
