@@ -913,7 +913,8 @@ def adopt(host: HostConfig, reporter: Reporter | None = None, *, connect: Connec
                 else:
                     note["detail"] = "recorded (files too large to copy)" if snap.other_root_entries else "unit only"
                 if unit_text:
-                    r.write_file(f"{rel}/unit.service", unit_text.encode())
+                    # 0600: a hand-edited unit may carry a token inline (it should move to the EnvironmentFile).
+                    r.write_file(f"{rel}/unit.service", unit_text.encode(), mode=0o600)
                 manifest = {
                     "format": 1,
                     "id": rid,
