@@ -255,3 +255,10 @@ def test_replay_classic_bug_caught_on_gpu(tmp_path: Path) -> None:
     res = _run_replay(root, "--steps", "1", "--device", "cuda", "--interval", "0", "--threshold", "0.02")
     print(res.stdout)
     assert res.returncode == 3, res.stdout + res.stderr
+
+
+def test_launcher_extension_preflight_passes_on_this_gpu() -> None:
+    require_kernel()
+    from kdtree_backend.launch import check_extension
+
+    check_extension()  # raises PreflightError with the reason when the build does not fit this host
