@@ -225,3 +225,39 @@ def test_up_down_twice_leaves_nothing_running(private: Testbed) -> None:
         assert [p for p in ports if not _port_free(p)] == []
         assert private.status() == []
     private.up(1)  # leave it up for the fixture's own teardown
+
+
+def test_ping_group_in_parallel_keeps_order(testbed: Inventory) -> None:
+    from opsctl.ping import ping_many
+
+    hosts = testbed.resolve("testbed")
+    facts = ping_many(hosts)
+    assert [f.host for f in facts] == [h.name for h in hosts]
+    assert all(f.ok and f.hostname == f.host for f in facts)
+
+
+def test_cli_accept_new_host_key_flag_reaches_the_ssh_layer(testbed: Inventory, tmp_path: Path) -> None:
+    local = testbed.host("local")
+    kh = tmp_path / "known_hosts"
+    kh.write_text("")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        f"hosts:\n  local:\n    address: 127.0.0.1\n    port: {local.port}\n    identity_file: {local.identity_file}\n"
+        f"    known_hosts: {kh}\n    gpu_arch: null\n"
+    )
+
+    def opsctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "opsctl", "-i", str(inv), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+
+    refused = opsctl("ping", "local")
+    assert refused.returncode == 13 and "SHA256:" in refused.stderr and kh.read_text() == ""
+    accepted = opsctl("--accept-new-host-key", "ping", "local")
+    assert accepted.returncode == 0, accepted.stderr
+    assert f"[127.0.0.1]:{local.port} ssh-ed25519 " in kh.read_text()
+    assert opsctl("ping", "local").returncode == 0  # recorded: strict checking passes from now on
