@@ -1,0 +1,102 @@
+"""Fixtures of the fault matrix: three testbed hosts brought to a good release once, and put right between
+scenarios if a scenario left one broken (so one failure does not cascade into the next scenarios)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opsctl import deploy as pipeline
+from opsctl import hoststate as hs
+from opsctl.fleet import plan_rollout, run_rollout
+from opsctl.inventory import HostConfig, Inventory
+from opsctl.ssh import connect
+from opsctl.testbed import Testbed, reset_host
+
+from .harness import LEDGER, deploy_action, read_end, remove_fake_gpu, source_root, variant
+
+FLEET = ("tb1", "tb2", "tb3")
+FIGURES: dict[str, float] = {}
+_tags = itertools.count(1)
+
+
+def next_variant(tmp: Path, what: str) -> Path:
+    return variant(tmp / f"{what}-{next(_tags)}", f"{what}-{next(_tags)}-{time.time_ns()}")
+
+
+@pytest.fixture(scope="session")
+def fleet_inventory(testbed_handle: Testbed) -> Inventory:
+    """tb1..tb3 booted (the default testbed has two fleet hosts; a third is added, the others are kept)."""
+    replay = source_root() / "backend" / "kdtree_backend" / "replay.py"
+    if not replay.is_file():
+        pytest.skip(f"nothing to deploy yet: the replay service {replay} is not in the tree")
+    testbed_handle.up(len(FLEET))
+    return testbed_handle.inventory()
+
+
+@pytest.fixture(scope="session")
+def fleet(fleet_inventory: Inventory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[HostConfig]]:
+    """tb1..tb3 reset and given a first release (in parallel), then a redeploy one host after another (measured;
+    test_parallel_batch_really_overlaps measures the same redeploy in parallel). Reset again at the end, so the
+    hosts' services stop using CPU for the tests that follow."""
+    hosts = [fleet_inventory.host(n) for n in FLEET]
+    for h in hosts:
+        reset_host(h)
+    tmp = tmp_path_factory.mktemp("fleet")
+    plan = plan_rollout(hosts, canary=None)
+    first = run_rollout(plan, deploy_action(next_variant(tmp, "first")), parallel=True)
+    assert first.ok, [(o.host, o.outcome, o.detail) for o in first.outcomes]
+    FIGURES["first deploy, 3 hosts, parallel (s)"] = first.elapsed_s
+    serial = run_rollout(plan, deploy_action(next_variant(tmp, "serial")), parallel=False)
+    assert serial.ok, [(o.host, o.outcome, o.detail) for o in serial.outcomes]
+    FIGURES["redeploy, 3 hosts, serial (s)"] = serial.elapsed_s
+    FIGURES["slowest single-host redeploy (s)"] = max(o.elapsed_s for o in serial.outcomes)
+    yield hosts
+    for h in hosts:
+        reset_host(h)
+
+
+def _repair(host: HostConfig, tb: Testbed, tmp: Path) -> None:
+    """Put a host back to: reachable, disk free, no fake GPU, lock free, running a good release."""
+    if not tb.running(host.name):
+        tb.boot(host.name)
+    tb.start_sshd(host.name)
+    tb.free_disk(host.name)
+    remove_fake_gpu(host)
+    end = read_end(host)
+    if end.lock_present:
+        with connect(host) as r:
+            hs.release_lock(r, hs.Layout(host.root), None)
+    end = read_end(host)
+    if not end.running or (end.current is not None and end.current in end.bad):
+        res = pipeline.deploy(host, next_variant(tmp, "repair"), pipeline.DeployOptions())
+        assert res.ok, f"could not repair {host.name}: {res.line()}"
+
+
+@pytest.fixture
+def hosts(
+    fleet: list[HostConfig],
+    testbed_handle: Testbed,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[list[HostConfig]]:
+    """The three hosts, each healthy on a good release before the scenario; repaired after it."""
+    tmp = tmp_path_factory.mktemp("repair")
+    for h in fleet:
+        _repair(h, testbed_handle, tmp)
+    LEDGER.scenarios.append(request.node.name)
+    yield fleet
+    for h in fleet:
+        _repair(h, testbed_handle, tmp)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not LEDGER.scenarios:
+        return
+    for name, value in FIGURES.items():
+        terminalreporter.write_line(f"fault matrix figure: {name}: {value:.1f}")
+    terminalreporter.write_line(LEDGER.closing_line())
