@@ -24,7 +24,9 @@ err_console = common.err
 def _targets(inventory: inv.Inventory, target: str | None, all_hosts: bool) -> tuple[str, list[inv.HostConfig]]:
     if all_hosts and target:
         raise UsageError("give a HOST or GROUP, or --all, not both")
-    name = "all" if all_hosts or not target else target
+    if not all_hosts and not target:
+        raise UsageError("which hosts? give a HOST, a GROUP, or --all")
+    name = "all" if all_hosts else str(target)
     return name, inventory.resolve(name)
 
 

@@ -65,6 +65,8 @@ def test_table_output_and_usage_errors(inv_file: Path) -> None:
     assert r.exit_code == 2 and "CRIT" in r.stdout and "health all: CRIT" in r.stdout
     both = CliRunner().invoke(app(), ["health", "pair", "--all", "-i", str(inv_file)])
     assert both.exit_code != 0 and isinstance(both.exception, Exception)
+    neither = CliRunner().invoke(app(), ["health", "-i", str(inv_file)])
+    assert neither.exit_code != 0 and "--all" in str(neither.exception)
 
 
 def test_schedule_install_status_remove(inv_file: Path, tmp_path: Path) -> None:
