@@ -230,7 +230,7 @@ def deploy_action(
     return act
 
 
-def testbed_for(host: HostConfig) -> Testbed:
+def host_testbed(host: HostConfig) -> Testbed:
     return Testbed(Path(os.path.expanduser(host.known_hosts)).parent)
 
 

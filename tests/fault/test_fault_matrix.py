@@ -36,9 +36,9 @@ from .harness import (
     deploy_action,
     deploy_trees,
     fake_gpu,
+    host_testbed,
     read_end,
     restart_journald,
-    testbed_for,
     wait_running,
 )
 
@@ -61,7 +61,7 @@ def ends(hosts: list[HostConfig]) -> dict[str, object]:
 
 
 def test_host_down_before_the_rollout(hosts: list[HostConfig], tmp_path: Path) -> None:
-    tb = testbed_for(hosts[0])
+    tb = host_testbed(hosts[0])
     before = ends(hosts)
     tree = next_variant(tmp_path, "down-before")
     new = release_of(tree)
@@ -80,7 +80,7 @@ def test_host_down_before_the_rollout(hosts: list[HostConfig], tmp_path: Path) -
 
 
 def test_host_powered_off_during_its_upload_then_converges(hosts: list[HostConfig], tmp_path: Path) -> None:
-    tb = testbed_for(hosts[0])
+    tb = host_testbed(hosts[0])
     before = ends(hosts)
     tree = next_variant(tmp_path, "down-during")
     new = release_of(tree)
@@ -164,7 +164,7 @@ def test_journald_restarted_during_the_gate(hosts: list[HostConfig], tmp_path: P
 
 
 def test_disk_full_during_upload(hosts: list[HostConfig], tmp_path: Path) -> None:
-    tb = testbed_for(hosts[0])
+    tb = host_testbed(hosts[0])
     before = ends(hosts)
     tree = next_variant(tmp_path, "disk-full")
     new = release_of(tree)
