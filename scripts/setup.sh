@@ -28,6 +28,9 @@ pip_install() {  # quiet pip; this machine's pip config names package folders th
     .venv/bin/pip install -q "$@" 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 }
 pip_install -e '.[dev]' 'torch==2.13.0'
-# --- backend: SGLang's CPU packages (the lead adds the lines here, e.g. pip_install ...) ---------------------------
+# --- backend: the real SGLang 0.5.23 on the CPU, so the plugin is tested against upstream. SGLang and the packages
+# whose own requirements would pull a CUDA torch go in with --no-deps; the light rest is the backend-cpu extra.
+pip_install --no-deps sglang==0.5.23 apache-tvm-ffi==0.1.11 compressed-tensors==0.18.0 gguf openai==2.8.0
+pip_install -e '.[dev,backend-cpu]' 'torch==2.13.0'
 # --- end backend ---------------------------------------------------------------------------------------------
 .venv/bin/python -c "import torch, opsctl; print('opsctl', opsctl.__version__, '| torch', torch.__version__)"
