@@ -38,7 +38,7 @@ def fleet_inventory(testbed_handle: Testbed) -> Inventory:
     return testbed_handle.inventory()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def fleet(fleet_inventory: Inventory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[HostConfig]]:
     """tb1..tb3 reset and given a first release (in parallel), then a redeploy one host after another (measured;
     test_parallel_batch_really_overlaps measures the same redeploy in parallel). Reset again at the end, so the
