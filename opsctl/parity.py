@@ -98,7 +98,8 @@ class ShapesSummary:
         if self.kv_len_max is not None:
             parts.append(f"keys per request <= {self.kv_len_max}")
         if self.mask_row is not None:
-            parts.append(f"mask row {self.mask_row}")
+            # One request: the row length (prefix + drafts). Several: their mean (rows differ per request).
+            parts.append(f"mask row {self.mask_row}" if self.bs == 1 else f"mean mask row {self.mask_row}")
         if self.pool_rows is not None:
             parts.append(f"KV pool {self.pool_rows} rows")
         if self.scale is not None:
