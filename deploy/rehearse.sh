@@ -7,7 +7,7 @@
 # Needs root (systemd-nspawn). Exit code: the deploy's (0 only on a PASS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OPSCTL=${OPSCTL:-$(command -v opsctl || echo .venv/bin/opsctl)}
+OPSCTL=${OPSCTL:-$( [ -x .venv/bin/opsctl ] && echo .venv/bin/opsctl || command -v opsctl)}
 STATE=${OPSCTL_TESTBED_DIR:-.testbed}
 INV="$STATE/inventory.yaml"
 
