@@ -198,6 +198,7 @@ class FaultReporter(LineReporter):
     def __init__(self, host: str, emit: Callable[[str], None], triggers: dict[str, Trigger]) -> None:
         super().__init__(host, emit)
         self.triggers = dict(triggers)
+        self.lines = 0
 
     def _fire(self, event: str) -> None:
         trigger = self.triggers.pop(event, None)
@@ -211,7 +212,8 @@ class FaultReporter(LineReporter):
 
     def parity(self, line: object, verdict: str) -> None:
         super().parity(line, verdict)
-        self._fire("gate-line")
+        self.lines += 1
+        self._fire(f"gate-line-{self.lines}")  # fired after the gate took the line in: line K decides a PASS
 
 
 def deploy_action(

@@ -131,15 +131,15 @@ def _third_line_before_decision(host: HostConfig, release: str) -> None:
     assert times[k - 1] <= decided + 1.0, (times[:k], rec["at"])
 
 
-def test_ssh_cut_mid_gate_resumes_with_the_same_verdict(hosts: list[HostConfig], tmp_path: Path) -> None:
+def test_ssh_cut_as_the_gate_starts_resumes_with_the_same_verdict(hosts: list[HostConfig], tmp_path: Path) -> None:
     tree = next_variant(tmp_path, "ssh-cut")
     new = release_of(tree)
     cut: list[str] = []
     h2 = by_name(hosts)["tb2"]
-    triggers = {"tb2": {"gate-line": lambda: cut.extend(cut_ssh_sessions(h2))}}
+    triggers = {"tb2": {"gate": lambda: cut.extend(cut_ssh_sessions(h2))}}
     report = run_rollout(plan_rollout(hosts, canary=None), deploy_action(tree, triggers), parallel=True)
     assert cut, "no sshd session was cut"
-    LEDGER.fault(f"tb2's SSH sessions killed at its first gate line ({len(cut)} sshd processes)")
+    LEDGER.fault(f"tb2's SSH sessions killed as its gate started ({len(cut)} sshd processes)")
     assert report.ok, report.outcomes
     after = ends(hosts)
     for name in ("tb1", "tb2", "tb3"):
@@ -147,11 +147,35 @@ def test_ssh_cut_mid_gate_resumes_with_the_same_verdict(hosts: list[HostConfig],
     _third_line_before_decision(h2, new)
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="opsctl.deploy: after the gate decides, the pipeline reuses the Session's dead SSH connection "
+    "(set_last_good / history / unlock) instead of reconnecting: the deploy ends in ERROR with the new release "
+    "current, no PASS record and the lock left held. Remove this marker once Session.r reconnects.",
+)
+def test_ssh_cut_right_after_the_deciding_gate_line(hosts: list[HostConfig], tmp_path: Path) -> None:
+    tree = next_variant(tmp_path, "ssh-cut-late")
+    new = release_of(tree)
+    h2 = by_name(hosts)["tb2"]
+    k = h2.gate.consecutive_passes
+    triggers = {"tb2": {f"gate-line-{k}": lambda: cut_ssh_sessions(h2)}}
+    LEDGER.fault(f"tb2's SSH sessions killed right after gate line {k} (the one that decides PASS)")
+    report = run_rollout(plan_rollout([h2]), deploy_action(tree, triggers))
+    try:
+        assert report.ok, report.outcomes
+        assert_deployed(read_end(h2), new)
+    finally:
+        end = read_end(h2)
+        if end.lock_present:  # what the bug leaves behind; the repair fixture would take it too
+            with connect(h2) as r:
+                r.run(f"rm -rf -- {h2.root}/state/lock", timeout=60)
+
+
 def test_journald_restarted_during_the_gate(hosts: list[HostConfig], tmp_path: Path) -> None:
     tree = next_variant(tmp_path, "journald")
     new = release_of(tree)
     h3 = by_name(hosts)["tb3"]
-    triggers = {"tb3": {"gate-line": lambda: restart_journald(h3)}}
+    triggers = {"tb3": {"gate-line-1": lambda: restart_journald(h3)}}
     LEDGER.fault("journald restarted on tb3 at its first gate line")
     report = run_rollout(plan_rollout(hosts, canary=None), deploy_action(tree, triggers), parallel=True)
     assert report.ok, report.outcomes
