@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-# tests/opsctl/ would otherwise shadow the opsctl package (as an empty namespace package) when pytest runs from
-# a path entry that lists tests/ first: the repository root goes first, before anything imports opsctl.
+# The checkout's own packages win over anything installed elsewhere (tests run against this tree).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from opsctl.errors import OpsError
