@@ -26,6 +26,7 @@ from rich.text import Text
 
 from . import cli_common as common
 from . import deploy as pipeline
+from . import fleet
 from . import hoststate as hs
 from .errors import DeployFailed, OpsError, UsageError
 from .gate import classify
@@ -163,6 +164,43 @@ def _finish(res: pipeline.DeployResult, as_json: bool) -> None:
         raise typer.Exit(code=31 if res.verdict in ("FAIL", "NODATA", "INCONCLUSIVE") else 30)
 
 
+# ------------------------------------------------------------------------------------------------ fleet
+
+
+def _run_fleet(
+    target: str,
+    plan: fleet.RolloutPlan,
+    make_action: Callable[[fleet.Progress], fleet.Action],
+    what: str,
+    parallel: bool,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """A group target: show the plan, ask, run it through opsctl.fleet, print the per-host table."""
+    if not as_json:
+        console.print(f"{what} {target}: {plan.describe()}", highlight=False)
+    if dry_run:
+        if as_json:
+            common.emit_json({"target": target, "plan": [[name, [h.name for h in hs_]] for name, hs_ in plan.stages]})
+        return
+    if not yes and not typer.confirm(f"{what} {plan.total} host(s) of {target}?", default=False):
+        raise typer.Exit(code=1)
+
+    def emit(msg: str) -> None:
+        if not as_json:
+            console.print(msg, highlight=False, markup=False)
+
+    report = fleet.run_rollout(plan, make_action(emit), parallel=parallel, progress=emit)
+    if as_json:
+        common.emit_json({"target": target, "ok": report.ok, "stopped": report.stopped, "outcomes": report.outcomes})
+    else:
+        console.print(fleet.render_report(report, title=f"{what} {target}"))
+        console.print(fleet.summary_line(report), style="bold green" if report.ok else "bold red", highlight=False)
+    if not report.ok:
+        raise typer.Exit(code=31)
+
+
 # ------------------------------------------------------------------------------------------------ commands
 
 
@@ -184,11 +222,36 @@ def deploy_command(
     ] = False,
     src: Annotated[Path | None, typer.Option("--src", help="working tree to deploy (default: this checkout)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    canary: Annotated[
+        str | None, typer.Option("--canary", help="group only: deploy and gate this host first (default: the first)")
+    ] = None,
+    batch: Annotated[
+        str | None, typer.Option("--batch", help="group only: hosts per batch, N or P% (default: all)")
+    ] = None,
+    max_fail: Annotated[
+        str | None, typer.Option("--max-fail", help="group only: failures tolerated, P% of the hosts (default: 0%)")
+    ] = None,
+    parallel: Annotated[bool, typer.Option("--parallel", help="group only: the hosts of a batch side by side")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
-    """Deploy the working tree to HOST: upload, build, parity, switch, restart, gate; roll back on failure."""
-    h = _host(host, inventory_path)
+    """Deploy the working tree to HOST (or a GROUP, canary first then batches): upload, build, parity, switch,
+    restart, gate; each host rolls itself back on failure."""
     tree = (src or _repo_root()).resolve()
+    inv = common.inventory(inventory_path)
+    if host not in inv.hosts:
+        plan = fleet.plan_rollout(
+            inv.resolve(host), canary=canary or fleet.default_canary(inv.resolve(host)), batch=batch, max_fail=max_fail
+        )
+        opts = pipeline.DeployOptions(
+            gate_timeout_s=gate_timeout, force=force, no_restart=no_restart, skip_prerestart_parity=skip_parity
+        )
+        _run_fleet(
+            host, plan, lambda emit: fleet.deploy_action(tree, opts, emit), "deploy", parallel, dry_run, yes, as_json
+        )
+        return
+    if canary or batch or max_fail or parallel:
+        raise UsageError(f"{host} is a single host: --canary, --batch, --max-fail and --parallel are for groups")
+    h = inv.host(host)
     opts = pipeline.DeployOptions(
         dry_run=True,
         gate_timeout_s=gate_timeout,
@@ -248,10 +311,22 @@ def rollback_command(
     no_gate: Annotated[bool, typer.Option("--no-gate", help="do not gate after the restart")] = False,
     gate_timeout: Annotated[float | None, typer.Option("--gate-timeout")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    parallel: Annotated[bool, typer.Option("--parallel", help="group only: all hosts side by side")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="group only: do not ask for confirmation")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
-    """Switch HOST back to an earlier release, restart and gate it."""
-    h = _host(host, inventory_path)
+    """Switch HOST (or every host of a GROUP) back to an earlier release, restart and gate it."""
+    inv = common.inventory(inventory_path)
+    if host not in inv.hosts:
+        if to is not None:
+            raise UsageError("--to names one release of one host; roll a group back to each host's last good release")
+        plan = fleet.plan_rollout(inv.resolve(host), max_fail="100%")  # every host is tried: a rollback is a repair
+        kwargs = {"force": force, "gate": not no_gate, "gate_timeout_s": gate_timeout}
+        _run_fleet(
+            host, plan, lambda emit: fleet.rollback_action(emit, **kwargs), "rollback", parallel, False, yes, as_json
+        )
+        return
+    h = inv.host(host)
     with _reporter(host, as_json) as rep:
         res = pipeline.rollback(h, rep, to=to, force=force, gate=not no_gate, gate_timeout_s=gate_timeout)
     _finish(res, as_json)
@@ -386,8 +461,34 @@ def status_command(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
-    """Unit state, current release, last verdict, last parity figures, lock."""
-    h = _host(host, inventory_path)
+    """Unit state, current release, last verdict, last parity figures, lock (of a host, or each host of a group)."""
+    inv = common.inventory(inventory_path)
+    if host in inv.hosts:
+        doc = _status_one(inv.host(host), as_json)
+        if as_json:
+            common.emit_json(doc)
+        return
+    docs: list[dict[str, Any]] = []
+    failed = 0
+    for h in inv.resolve(host):
+        try:
+            docs.append(_status_one(h, as_json))
+        except OpsError as e:  # one unreachable host must not hide the others
+            failed += 1
+            docs.append({"host": h.name, "error": e.message})
+            if not as_json:
+                common.report_error(e)
+        if not as_json:
+            console.print()
+    if as_json:
+        common.emit_json(docs)
+    if failed:
+        raise typer.Exit(code=10)
+
+
+def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
+    """Read one host's state; print it for people unless ``as_json``; return the JSON document."""
+    host = h.name
     layout = hs.Layout(h.root)
 
     def gather(r: Any) -> tuple[hs.HostSnapshot, list[dict[str, Any]], str]:
@@ -433,8 +534,7 @@ def status_command(
         ],
     }
     if as_json:
-        common.emit_json(doc)
-        return
+        return doc
     unit_style = "green" if snap.unit.active_state == "active" else "red"
     console.print(
         f"[bold]{host}[/] ({h.target}) unit {h.unit}: [{unit_style}]{snap.unit.active_state}/{snap.unit.sub_state}[/] restarts={snap.unit.n_restarts}"
@@ -455,6 +555,7 @@ def status_command(
         console.print(_parity_table(parity[-16:], h, title="last parity lines (current invocation)"))
     else:
         console.print("no parity lines from the current invocation yet")
+    return doc
 
 
 def _json_num(x: float) -> float | str:

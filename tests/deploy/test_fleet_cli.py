@@ -1,0 +1,60 @@
+"""`opsctl deploy|rollback|status GROUP` through the real CLI on testbed hosts: the fleet path of the deploy
+command (opsctl.fleet over the single-host pipeline). The fault matrix (tests/fault) drives the same roll-out
+library through its failure scenarios; here the CLI wiring is what is under test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from opsctl.inventory import Inventory
+from opsctl.release import make_manifest
+from opsctl.testbed import reset_host
+
+from . import trees
+from .test_testbed_deploy import opsctl, state
+
+
+def test_single_host_refuses_group_options() -> None:
+    res = opsctl("deploy", "local", "--canary", "tb1", "--dry-run")
+    assert res.returncode == 2
+    assert "single host" in res.stderr
+
+
+def test_group_dry_run_prints_the_plan_and_touches_nothing(testbed: Inventory) -> None:
+    before = {h.name: state(h)[0].current for h in testbed.resolve("fleet")}
+    res = opsctl("deploy", "fleet", "--dry-run", "--canary", "tb2", "--batch", "1")
+    assert res.returncode == 0, res.stderr
+    assert "canary: tb2" in res.stdout and "batch 1: tb1" in res.stdout
+    assert {h.name: state(h)[0].current for h in testbed.resolve("fleet")} == before
+
+
+def test_group_deploy_parallel_then_status_and_rollback(testbed: Inventory, tmp_path: Path) -> None:
+    hosts = testbed.resolve("fleet")
+    for h in hosts:
+        reset_host(h)
+    first = trees.copy_tree(tmp_path / "first", "fleet-first")
+    second = trees.copy_tree(tmp_path / "second", "fleet-second")
+    first_id, second_id = make_manifest(first).id, make_manifest(second).id
+
+    for tree in (first, second):
+        res = opsctl("deploy", "fleet", "--yes", "--parallel", "--batch", "50%", "--src", str(tree))
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "roll-out complete" in res.stdout
+    for h in hosts:
+        snap, history = state(h)
+        assert snap.current == second_id and snap.last_good == second_id
+        assert snap.unit.active_state == "active" and not snap.lock_present
+        assert [e.get("verdict") for e in history if e.get("event") == "deploy"][-2:] == ["PASS", "PASS"]
+
+    st = opsctl("status", "fleet", "--json")
+    assert st.returncode == 0, st.stderr
+    docs = json.loads(st.stdout)
+    assert [d["host"] for d in docs] == [h.name for h in hosts]
+    assert all(d["current"] == second_id and d["unit"]["active"] == "active" for d in docs)
+
+    rb = opsctl("rollback", "fleet", "--yes", "--parallel")
+    assert rb.returncode == 0, rb.stdout + rb.stderr
+    for h in hosts:
+        snap, _ = state(h)
+        assert snap.current == first_id and snap.unit.active_state == "active" and not snap.lock_present
