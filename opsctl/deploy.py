@@ -15,17 +15,19 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from . import hoststate as hs
 from . import unit as unitmod
-from .errors import DeployFailed, GateFailed, LockHeld, OpsError, SshError
+from .errors import CommandFailed, CommandTimeout, DeployFailed, GateFailed, LockHeld, OpsError, SshError
 from .gate import GateState, Verdict
 from .hoststate import HostSnapshot, Layout, LockOwner
 from .inventory import HostConfig
 from .journal import Follower, Mark, mark_command, parse_mark
 from .parity import ParityLine, parse_line
 from .release import Manifest, make_manifest, stage
+
+T = TypeVar("T")
 
 PRE_RESTART_PARITY_STEPS = 3
 PARITY_TIMEOUT_S = 600.0
@@ -261,11 +263,31 @@ class Session:
 
     @property
     def r(self) -> Any:
+        if self._remote is not None and not getattr(self._remote, "is_active", True):
+            self.drop()  # the connection died since the last command: open a new one instead of failing on it
         if self._remote is None:
             stack = contextlib.ExitStack()
             self._remote = stack.enter_context(self._connect(self.host))
             self._stack = stack
         return self._remote
+
+    def call(self, fn: Callable[[Any], T]) -> T:
+        """``fn(remote)``, reconnecting and retrying after an SSH drop (up to the host's gate.ssh_retries, with
+        backoff). For short idempotent bookkeeping after a decision, so a drop cannot leave the host half-recorded
+        and locked; a command that ran and failed (CommandFailed, CommandTimeout) is not retried."""
+        delay = 0.5
+        for attempt in range(self.host.gate.ssh_retries + 1):
+            try:
+                return fn(self.r)
+            except (CommandFailed, CommandTimeout):
+                raise
+            except SshError:
+                if attempt >= self.host.gate.ssh_retries:
+                    raise
+                self.drop()
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        raise AssertionError("unreachable")
 
     def drop(self) -> None:
         stack, self._stack, self._remote = self._stack, None, None
@@ -562,20 +584,22 @@ def deploy(
                 note["detail"] = f"{gate.verdict}: {gate.reason}"
                 result.gate = gate.summary()
             if gate.verdict is Verdict.PASS:
-                hs.set_last_good(session.r, layout, manifest.id)
-                hs.append_history(
-                    session.r,
-                    layout,
-                    {
-                        "event": "deploy",
-                        "release": manifest.id,
-                        "previous": snap.current,
-                        "verdict": "PASS",
-                        "gate": gate.summary(),
-                    },
+                session.call(lambda r: hs.set_last_good(r, layout, manifest.id))
+                session.call(
+                    lambda r: hs.append_history(
+                        r,
+                        layout,
+                        {
+                            "event": "deploy",
+                            "release": manifest.id,
+                            "previous": snap.current,
+                            "verdict": "PASS",
+                            "gate": gate.summary(),
+                        },
+                    )
                 )
                 with timer.timed(rep, "cleanup") as note:
-                    removed = _cleanup(session.r, host, layout, [manifest.id, snap.current])
+                    removed = session.call(lambda r: _cleanup(r, host, layout, [manifest.id, snap.current]))
                     note["detail"] = f"removed {', '.join(removed)}" if removed else "nothing to remove"
                 return finish("PASS", gate.reason)
             if gate.verdict is Verdict.ERROR:
@@ -645,7 +669,7 @@ def deploy(
             raise
         finally:
             with contextlib.suppress(Exception):
-                hs.release_lock(session.r, layout, owner)
+                session.call(lambda r: hs.release_lock(r, layout, owner))
 
 
 def _rollback_after_failure(
@@ -704,7 +728,7 @@ def _locked(session: Session, host: HostConfig, command: str) -> Iterator[LockOw
         yield owner
     finally:
         with contextlib.suppress(Exception):
-            hs.release_lock(session.r, layout, owner)
+            session.call(lambda r: hs.release_lock(r, layout, owner))
 
 
 def _require_managed(snap: HostSnapshot, host: HostConfig) -> None:

@@ -471,6 +471,12 @@ class Remote:
         chan.close()
         return _RawResult(rc=rc, stdout=bytes(out), stderr=bytes(err), elapsed_s=time.monotonic() - start)
 
+    @property
+    def is_active(self) -> bool:
+        """Whether the SSH connection still looks alive (a dropped one is noticed by Paramiko's reader thread)."""
+        transport = self.client.get_transport()
+        return transport is not None and transport.is_active()
+
     def _transport(self) -> paramiko.Transport:
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():

@@ -169,6 +169,8 @@ def inventory_text(testbed: Testbed, ports: dict[str, int]) -> str:
         "    deadline_s: 60",
         "    poll_interval_s: 1",
         "    consecutive_passes: 3",
+        "  health:",
+        f"    disk_warn_mb: {DISK_MB // 8}   # the hosts' /root is {DISK_MB} MB, far below production's warning level",
         "  service:",
         "    mode: replay",
         "    python: /usr/bin/python3",
