@@ -27,11 +27,11 @@ def _runner(r: Remote) -> schedule.Runner:
 
 
 def test_install_status_run_remove_on_real_systemd(testbed: Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
-    host = testbed.host("tb3")
+    host = testbed.host("tb2")
     monkeypatch.setenv(schedule.UNIT_DIR_ENV, str(Testbed().rootfs(host.name) / "etc/systemd/system"))
     # Paths that exist on the host, so the service's WorkingDirectory and environment resolve there too.
     spec = schedule.make_spec(
-        [host], target="tb3", inventory=Path("/etc/hostname"), opsctl="/usr/bin/true", state=Path("/tmp")
+        [host], target="tb2", inventory=Path("/etc/hostname"), opsctl="/usr/bin/true", state=Path("/tmp")
     )
     with connect(host) as r:
         run = _runner(r)
