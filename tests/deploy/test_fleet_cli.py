@@ -9,6 +9,7 @@ from pathlib import Path
 
 from opsctl.inventory import Inventory
 from opsctl.release import make_manifest
+from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 
 from . import trees
@@ -58,3 +59,14 @@ def test_group_deploy_parallel_then_status_and_rollback(testbed: Inventory, tmp_
     for h in hosts:
         snap, _ = state(h)
         assert snap.current == first_id and snap.unit.active_state == "active" and not snap.lock_present
+
+    # A release that dies in service: health finds the unit down (CRIT) and --rollback-on-fail acts on it.
+    sick = hosts[0]
+    with connect(sick) as r:
+        r.run(["systemctl", "stop", sick.unit + ".service"], timeout=120)
+    hr = opsctl("health", sick.name, "--rollback-on-fail", "--json", "--no-alerts")
+    assert hr.returncode == 2, hr.stdout + hr.stderr  # the CRIT found is still reported
+    doc = json.loads(hr.stdout)
+    assert [(x["host"], x["ok"]) for x in doc["rollbacks"]] == [(sick.name, True)], doc["rollbacks"]
+    snap, _ = state(sick)
+    assert snap.current == second_id and snap.unit.active_state == "active" and not snap.lock_present
