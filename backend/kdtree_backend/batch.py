@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from kdtree_kernel.testing import ancestor_mask
 
 DL = 512  # kv_lora_rank: the latent part, also the value
 DR = 64  # qk_rope_head_dim
@@ -46,18 +47,6 @@ def draft_parents(q_len: int, kind: str, gen: torch.Generator) -> list[int]:
         lo = max(0, i - 4)
         parents.append(int(torch.randint(lo, i, (1,), generator=gen)))
     return parents
-
-
-def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """bool ``[n, n]``: row i sees column j iff j is i or an ancestor of i."""
-    n = len(parents)
-    visible = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            visible[i, j] = True
-            j = parents[j]
-    return visible
 
 
 @dataclass
