@@ -182,7 +182,9 @@ def _run_fleet(
         console.print(f"{what} {target}: {plan.describe()}", highlight=False)
     if dry_run:
         if as_json:
-            common.emit_json({"target": target, "plan": [[name, [h.name for h in hs_]] for name, hs_ in plan.stages]})
+            common.emit_json(
+                {"target": target, "plan": [[name, [h.name for h in stage]] for name, stage in plan.stages]}
+            )
         return
     if not yes and not typer.confirm(f"{what} {plan.total} host(s) of {target}?", default=False):
         raise typer.Exit(code=1)
@@ -239,8 +241,9 @@ def deploy_command(
     tree = (src or _repo_root()).resolve()
     inv = common.inventory(inventory_path)
     if host not in inv.hosts:
+        targets = inv.resolve(host)
         plan = fleet.plan_rollout(
-            inv.resolve(host), canary=canary or fleet.default_canary(inv.resolve(host)), batch=batch, max_fail=max_fail
+            targets, canary=canary or fleet.default_canary(targets), batch=batch, max_fail=max_fail
         )
         opts = pipeline.DeployOptions(
             gate_timeout_s=gate_timeout, force=force, no_restart=no_restart, skip_prerestart_parity=skip_parity

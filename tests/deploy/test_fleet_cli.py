@@ -16,7 +16,7 @@ from . import trees
 from .test_testbed_deploy import opsctl, state
 
 
-def test_single_host_refuses_group_options() -> None:
+def test_single_host_refuses_group_options(testbed: Inventory) -> None:  # the CLI reads the testbed inventory
     res = opsctl("deploy", "local", "--canary", "tb1", "--dry-run")
     assert res.returncode == 2
     assert "single host" in res.stderr
