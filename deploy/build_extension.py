@@ -34,8 +34,8 @@ DEFAULT_SOURCE_DIR = REPO_ROOT / "kernel" / "csrc"
 SOURCES = (
     "binding.cpp",
     "verify_attention.cu",
-    "verify_attention_bn32.cu",
-    "verify_attention_bn16.cu",
+    "verify_attention_i32.cu",
+    "verify_attention_i64.cu",
     "mma_rate.cu",
 )
 ARCH_RE = re.compile(r"^\d{1,2}\.\d$")

@@ -14,7 +14,6 @@ import argparse
 import functools
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,8 +23,7 @@ from pathlib import Path
 import torch
 import triton
 from kdtree_kernel import load_extension, verify_attention, verify_attention_reference, workspace_size
-from kdtree_kernel.ops import BLOCK_N_ENV
-from kdtree_kernel.plan import HEAD_DIM, TILE_CONFIGS, VALUE_DIM
+from kdtree_kernel.plan import HEAD_DIM, VALUE_DIM
 from kdtree_kernel.testing import VerifyCase, make_case, rel_error
 
 SM_SCALE = 0.14468
@@ -229,8 +227,6 @@ def run_case(
     heads: int,
     kind: str,
     seed: int,
-    *,
-    all_tiles: bool = True,
 ) -> dict:
     r = CaseRunner(bs, prefix, q_len, heads, kind, seed)
     c = r.c
@@ -244,11 +240,6 @@ def run_case(
     kernel_us = timed([r.ours(x) for x in r.cases])
     triton_us = timed([r.triton_extend(extend, x, k) for x, k in r.ext])
     shared_us = None
-    alt_us = {}
-    for block_n in TILE_CONFIGS if all_tiles else ():
-        os.environ[BLOCK_N_ENV] = str(block_n)
-        alt_us[block_n] = round(timed([r.ours(x) for x in r.cases]), 2)
-    os.environ.pop(BLOCK_N_ENV, None)
     if kind == "chain" and verify is not None:
         r.ours(c)()  # our output for input set 0 again (the timing loops rotated over the sets)
         ran = r.shared_kv(verify, c, r.ext[0][1])()
@@ -277,7 +268,6 @@ def run_case(
         "kv_tokens": c.kv_tokens,
         "triton_rel_err": float(f"{tri_err:.3e}"),
         "sets": len(r.cases),
-        "us_by_block_n": alt_us,
     }
     return {"rec": rec, "extra": extra}
 
@@ -317,7 +307,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sglang-site", default="/tmp/site", help="dir with the sglang wheel unpacked")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results-h200.json"))
     parser.add_argument("--quick", action="store_true", help="first three tree cases only")
-    parser.add_argument("--default-tiles-only", action="store_true", help="skip timing the other tile config")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from sglang_triton import load_sglang_attention
@@ -333,9 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan[:3]
     cases, extras = [], []
     for i, (kind, bs, prefix, q_len, heads) in enumerate(plan):
-        got = run_case(
-            extend, verify, ceil, bs, prefix, q_len, heads, kind, seed=1000 * i, all_tiles=not args.default_tiles_only
-        )
+        got = run_case(extend, verify, ceil, bs, prefix, q_len, heads, kind, seed=1000 * i)
         cases.append(got["rec"])
         extras.append(got["extra"])
         log(json.dumps({**got["rec"], **got["extra"]}))

@@ -24,19 +24,21 @@ for stage in $stages; do
       grep -E "Used|spill" "$OUT/build.log" | sort | uniq -c | head -20 ;;
     kernel-tests)
       python3 -m pytest -m gpu tests/kernel -q -x --noconftest -p no:cacheprovider --timeout 300 2>&1 | tee "$OUT/kernel-tests.log" | tail -15 ;;
-    bench|bench-fast)
-      extra=""; [ "$stage" = bench-fast ] && extra="--default-tiles-only"
-      python3 kernel/bench/bench_verify.py $extra --sglang-site /tmp/site --out kernel/bench/results-h200.json 2> "$OUT/bench.log"
+    bench)
+      python3 kernel/bench/bench_verify.py --sglang-site /tmp/site --out kernel/bench/results-h200.json 2> "$OUT/bench.log"
       cp kernel/bench/results-h200.json kernel/bench/results-h200.md kernel/bench/results-h200.extra.json "$OUT/" ;;
+    probe)
+      python3 kernel/bench/probe_memory.py 2>&1 | tee "$OUT/probe.log" ;;
     quick-bench)
       python3 kernel/bench/bench_verify.py --quick --sglang-site /tmp/site --out "$OUT/quick.json" 2> "$OUT/bench.log"; tail -5 "$OUT/bench.log" ;;
     profile)
-      for bn in 32 16; do
-        KDTREE_BLOCK_N=$bn ncu --clock-control none -k regex:verify_attention_kernel -s 1 -c 1 \
-          --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-          --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
-          python3 kernel/bench/profile_case.py --bs 64 --prefix 8192 > "$OUT/ncu-bn$bn.txt" 2>&1
-        grep -E "Duration|Throughput|Stall|stall|Issue|Eligible|Active Warps|Pipe|Bank|Registers|Achieved|Warp Cycles" "$OUT/ncu-bn$bn.txt" | head -60
+      for shape in "64 8192 9" "64 8192 1"; do
+        set -- $shape
+        ncu --clock-control none -k regex:verify_attention_kernel -s 1 -c 1 --import-source no \
+          --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section SourceCounters \
+          --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
+          python3 kernel/bench/profile_case.py --bs $1 --prefix $2 --q-len $3 > "$OUT/ncu-bs$1-q$3.txt" 2>&1
+        grep -E "Duration|issue_stalled|Throughput" "$OUT/ncu-bs$1-q$3.txt" | sort -k3 -n -r | head -40
       done ;;
     all-tests)
       python3 -m pytest -m gpu tests/ -v --timeout 300 2>&1 | tee "$OUT/gpu-tests-h200.log" | tail -25 ;;

@@ -26,7 +26,7 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
                              const at::Tensor& draft_mask, const at::Tensor& out,
                              const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& workspace,
                              double sm_scale, int64_t q_len, int64_t row_groups, int64_t row_blocks,
-                             int64_t splits, int64_t chunk_keys, int64_t block_n) {
+                             int64_t splits, int64_t chunk_keys, int64_t stages) {
   check_cuda(q, "q");
   TORCH_CHECK(q.dim() == 3 && q.size(2) == kdtree::kHeadDim && q.stride(2) == 1 && q.scalar_type() == at::kBFloat16,
               "q must be bf16 [T, H, 576] with a contiguous last dim");
@@ -99,7 +99,7 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
   p.row_blocks = static_cast<int>(row_blocks);
   p.splits = static_cast<int>(splits);
   p.chunk_keys = static_cast<int>(chunk_keys);
-  p.block_n = static_cast<int>(block_n);
+  p.stages = static_cast<int>(stages);
   p.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
 
   const c10::cuda::CUDAGuard guard(q.device());
@@ -119,8 +119,8 @@ double mma_rate_probe(at::Tensor& sink, int64_t blocks, int64_t warps, int64_t i
   return kdtree::mma_flops_per_launch(static_cast<int>(blocks), static_cast<int>(warps), static_cast<int>(iters));
 }
 
-int64_t blocks_per_sm(int64_t block_n, int64_t row_groups) {
-  return kdtree::verify_blocks_per_sm(static_cast<int>(block_n), static_cast<int>(row_groups));
+int64_t blocks_per_sm(int64_t row_groups) {
+  return kdtree::verify_blocks_per_sm(static_cast<int>(row_groups));
 }
 
 }  // namespace
@@ -133,4 +133,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("max_q_len") = kdtree::kMaxQLen;
   m.attr("max_row_groups") = kdtree::kMaxRowGroups;
   m.attr("chunk_align") = kdtree::kChunkAlign;
+  m.attr("stage_counts") = pybind11::make_tuple(kdtree::kPortableStages, kdtree::kDeepStages);
 }

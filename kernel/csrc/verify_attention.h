@@ -11,11 +11,15 @@ namespace kdtree {
 // Absorbed MLA geometry (DeepSeek / Kimi K2.6): keys are 512 latent + 64 rope dims, values the latent part.
 constexpr int kHeadDim = 576;
 constexpr int kValueDim = 512;
-// KV chunks are multiples of this many keys (the largest tile); the widest supported draft block is two
+// KV chunks are multiples of this many keys (two 16-key tiles); the widest supported draft block is two
 // 64-bit mask words per query.
 constexpr int kChunkAlign = 32;
 constexpr int kMaxQLen = 128;
 constexpr int kMaxRowGroups = 3;  // a block serves up to 3 x 16 (token, head) rows of one request
+// Shared-memory KV stages: the portable count fits sm_120's 99 KB per block; the deep one (more bytes in flight)
+// is used where a block may have more (sm_90).
+constexpr int kPortableStages = 4;
+constexpr int kDeepStages = 8;
 
 struct VerifyParams {
   const void* q;              // bf16 [T, H, 576], last dim contiguous
@@ -40,7 +44,7 @@ struct VerifyParams {
   int row_blocks;             // blocks along the (token, head) rows of one request
   int splits;                 // KV chunks per request (grid dimension, fixed at capture)
   int chunk_keys;             // keys per chunk, a multiple of kChunkAlign; 0: per request (see chunk_for)
-  int block_n;                // keys per tile: 32 (2 stages) or 16 (4 stages)
+  int stages;                 // kPortableStages or kDeepStages; 0: verify_stages() (the device's deepest)
   float scale_log2;           // sm_scale * log2(e)
 };
 
@@ -54,11 +58,15 @@ __host__ __device__ inline int chunk_for(const VerifyParams& p, int kv_len) {
   return aligned > kChunkAlign ? aligned : kChunkAlign;
 }
 
-// Shared memory (bytes, dynamic) one block of the main kernel uses for a tile config; 0 if unsupported.
-int verify_smem_bytes(int block_n, int row_groups);
+// Shared memory (bytes, dynamic) one block of the main kernel uses; 0 if unsupported.
+int verify_smem_bytes(int row_groups, int stages);
+
+// The stage count launches use on the current device: kDeepStages if its blocks may have that much shared
+// memory, else kPortableStages (host only; cached per device).
+int verify_stages();
 
 // Resident blocks per SM of the main kernel (occupancy API; host only, no stream work).
-int verify_blocks_per_sm(int block_n, int row_groups);
+int verify_blocks_per_sm(int row_groups);
 
 // Enqueues the main kernel (and the combine kernel when splits > 1) on `stream`. No allocation, no sync.
 cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream);

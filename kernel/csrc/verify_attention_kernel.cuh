@@ -1,24 +1,28 @@
 // DDTree verify attention for absorbed MLA (D = 576 keys, 512 values), plain CUDA, no torch.
 //
-// Work split. One block = one request x one block of up to 16*RG (token, head) rows x one KV chunk. Every
-// row of the block (all heads and draft tokens it holds) shares each key tile it stages in shared memory,
-// so a request's KV is read from DRAM once per chunk, not once per head. Small batches split the KV range
-// into chunks (grid.y) and a combine kernel merges the partial softmaxes (LSE-weighted).
+// Work split. One block = one request x up to 16*RG (token, head) rows x one KV chunk. Every row of the block
+// (all heads and draft tokens it holds) shares each key tile it stages in shared memory, so a request's KV is
+// read from DRAM once per chunk, not once per head. Small batches split the KV range into chunks (grid.y) and
+// a combine kernel merges the partial softmaxes (LSE-weighted).
 //
-// Warp roles. A row group (16 rows) is served by four warps. For S = Q K^T they split the 576 dims (9
-// k-steps each, Q held in registers), swap partial scores through shared memory and add them in a fixed
-// order, so all four hold the same S and run the same online softmax. For O += P V each warp owns 128 of
-// the 512 output columns (64 fp32 accumulators per thread). Up to 3 row groups (12 warps) per block keep
-// registers under 170 per thread, and enough warps resident to hide ldmatrix/mma latency.
+// Warp roles (warp-specialised, so no warp holds both a whole Q row block and a whole O tile in registers):
+// - RG score warps. Each owns 16 rows and keeps their full 576-dim Q in registers (the K operand is then the
+//   only shared-memory read of S = Q K^T, 32 B per row and key), runs the online softmax for its rows and
+//   writes P (bf16) and the per-row rescale factor to shared memory.
+// - 8 value warps. Each owns 64 of the 512 output columns for all 16*RG rows; one V fragment it loads serves
+//   RG row tiles, and P arrives through ldmatrix.
+// The two roles run one tile apart: in step `it` the score warps work on tile it while the value warps
+// finish tile it - 1, so the scores' softmax and the PV products overlap; P and the rescale factors are
+// double-buffered. The previous design (4 warps per 16 rows splitting the 576 dims, partial scores swapped
+// through shared memory) was limited by shared-memory traffic (ncu: L1 pipe 70% busy, DRAM 20%).
 //
-// Measured limit (H200, ncu): shared-memory traffic and issue, not DRAM or the tensor cores: every K/V byte
-// is read by ldmatrix once per row group and the partial scores cross shared memory. See
-// kernel/bench/results-h200.md and the issue note for the next step (keys on the MMA M side).
-//
-// Pipeline. STAGES shared-memory tiles of BN keys x 576 dims (rows padded by 16 bytes, so the 8 row reads of
-// each ldmatrix hit distinct banks), filled by cp.async gathers STAGES - 1 tiles ahead. The pool rows a
-// gather needs are themselves staged tiles earlier (cp.async into a small ring), so no thread ever waits
-// on an index load before issuing its copies. Configs: BN=32 x 2 stages, BN=16 x 4 stages.
+// Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows padded by 16 bytes, so the 8 row
+// reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
+// STAGES - 2 tiles in flight as cp.async gathers. The bytes in flight per SM set the bandwidth a gather of
+// scattered pool rows reaches (measured: 4 stages, 37 KB in flight, ran at ~1.8 TB/s on the H200 whatever
+// the compute), so the host picks 8 stages where the GPU lets a block have that much shared memory (sm_90:
+// 227 KB) and 4 where it does not (sm_120: 99 KB). The pool rows a gather needs are staged STAGES - 2 steps
+// earlier (cp.async into a ring), so no thread waits on an index load before issuing its copies.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -30,70 +34,195 @@
 
 namespace kdtree {
 
-constexpr int kWarpsPerRowGroup = 4;
-constexpr int kRowBytes = kHeadDim * 2 + 16;                 // padded shared-memory row of one key
-constexpr int kChunksPerRow = kHeadDim * 2 / 16;             // 16-byte cp.async pieces per key row (72)
-constexpr int kQkSteps = kHeadDim / 16 / kWarpsPerRowGroup;  // k-steps of 16 dims per warp (9)
-constexpr int kOutCols = kValueDim / kWarpsPerRowGroup;      // output columns per warp (128)
-constexpr int kOutTiles = kOutCols / 8;                      // n8 tiles per warp (16)
-constexpr int kQkDims = kHeadDim / kWarpsPerRowGroup;        // dims of S = Q K^T per warp (144)
+constexpr int kBlockN = 16;                                // keys per tile (one k-step of P V)
+constexpr int kValueWarps = 8;                             // warps of the P V role
+constexpr int kValueCols = kValueDim / kValueWarps;        // output columns per value warp (64)
+constexpr int kValueTiles = kValueCols / 8;                // n8 tiles per value warp (8)
+constexpr int kQkSteps = kHeadDim / 16;                    // k-steps of S = Q K^T (36)
+constexpr int kQRegSteps = 24;                             // k-steps whose Q a score warp keeps in registers
+constexpr int kQSmemDims = kHeadDim - 16 * kQRegSteps;     // the last dims, whose Q is read from shared memory
+constexpr int kQSmemRowBytes = kQSmemDims * 2 + 16;        // padded row (ldmatrix conflict-free)
+constexpr int kQSmemPieces = kQSmemDims / 8 / 4;           // 16-byte pieces each lane of a quad copies per row
+constexpr int kFragAhead = 2;                              // k-steps a score warp loads its fragments ahead
+constexpr int kQkChains = 4;                               // independent accumulator sets per score tile
+constexpr int kRowBytes = kHeadDim * 2 + 16;               // padded shared-memory row of one key
+constexpr int kChunksPerRow = kHeadDim * 2 / 16;           // 16-byte cp.async pieces per key row (72)
+constexpr int kPRowBytes = kBlockN * 2 + 16;               // padded row of P (ldmatrix conflict-free)
+constexpr int kGatherLanesPerRow = 8;                      // threads that copy one key row (9 pieces each)
+constexpr int kGatherThreads = kBlockN * kGatherLanesPerRow;  // value threads that issue the gathers (128)
+static_assert(kChunksPerRow % kGatherLanesPerRow == 0, "a key row must split evenly across its copy lanes");
+static_assert(kGatherThreads <= kValueWarps * 32, "the value warps must cover a tile's gathers");
 constexpr float kLn2 = 0.6931471805599453f;
 
-// RG: 16-row groups per block. BN: keys per tile. STAGES: tiles in shared memory (STAGES - 1 in flight).
-template <int RG, int BN, int STAGES>
+static_assert(kQSmemDims % 32 == 0, "the quad's lanes copy the shared-memory Q dims in 16-byte pieces");
+static_assert(kQkSteps % kQkChains == 0, "k-steps must split evenly across the accumulator chains");
+static_assert(kBlockN == 16, "the P V step and the P layout assume one 16-key k-step per tile");
+
+template <int RG, int STAGES>
 struct TileConfig {
-  static constexpr int kWarps = RG * kWarpsPerRowGroup;
+  static_assert(STAGES >= 3, "tiles it - 1 and it are in use while at least one more is in flight");
+  static constexpr int kAhead = STAGES - 2;             // tiles in flight while a step computes
+  static constexpr int kIndexSlots = 2 * STAGES - 4;    // ring of per-tile pool-row vectors
+  static constexpr int kScoreWarps = RG;
+  static constexpr int kWarps = RG + kValueWarps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = RG * 16;
-  static constexpr int kScoreTiles = BN / 8;
-  static constexpr int kStageBytes = BN * kRowBytes;
-  static constexpr int kExchangeBytes = kWarps * 32 * kScoreTiles * 16;
-  // Ring of per-tile pool-row vectors, fetched 2 * STAGES - 2 tiles ahead of their use by the gathers.
-  static constexpr int kIndexSlots = 2 * STAGES - 2;
-  static constexpr int kIndexBytes = kIndexSlots * BN * 8;
-  static constexpr int kSmemBytes = STAGES * kStageBytes + kExchangeBytes + kIndexBytes;
-  static constexpr int kPiecesPerThread = (BN * kChunksPerRow + kThreads - 1) / kThreads;
+  static constexpr int kStageBytes = kBlockN * kRowBytes;
+  static constexpr int kPBufBytes = kBlockM * kPRowBytes;
+  static constexpr int kPOffset = STAGES * kStageBytes;
+  static constexpr int kAlphaOffset = kPOffset + 2 * kPBufBytes;     // float [2][kBlockM]
+  static constexpr int kStatsOffset = kAlphaOffset + 2 * kBlockM * 4;  // float [kBlockM]: 1 / row sum
+  static constexpr int kQSmemOffset = kStatsOffset + kBlockM * 4;    // bf16 [kBlockM][kQSmemDims + 8]
+  static constexpr int kIndexOffset = kQSmemOffset + kBlockM * kQSmemRowBytes;
+  static constexpr int kSmemBytes = kIndexOffset + kIndexSlots * kBlockN * 8;
 };
 
-static_assert(TileConfig<kMaxRowGroups, 32, 2>::kSmemBytes <= 99 * 1024, "BN=32 x 2 stages must fit 99 KB");
-static_assert(TileConfig<kMaxRowGroups, 16, 4>::kSmemBytes <= 99 * 1024, "BN=16 x 4 stages must fit 99 KB");
-static_assert(kHeadDim % (16 * kWarpsPerRowGroup) == 0, "head dim must split evenly across a row group's warps");
+static_assert(TileConfig<kMaxRowGroups, kPortableStages>::kSmemBytes <= 99 * 1024,
+              "the widest block with the portable stage count must fit sm_120's 99 KB");
 
-// Gathers one tile's key rows (pool rows already staged in shared memory) with 16-byte cp.async; rows past
-// key_hi are zero-filled so that masked P (= 0) times V stays 0.
-template <int RG, int BN, int STAGES, typename IdxT>
+// Gathers one tile's key rows (pool rows already staged in shared memory) with 16-byte cp.async. Issued by
+// the first kGatherThreads value threads (vtid = index among the value threads): 8 lanes per key row, each
+// copying every 8th 16-byte piece, so one warp instruction moves 4 whole 128-byte lines and a thread needs
+// one index load and one 64-bit address per tile (the addresses of its 9 pieces differ by constants). Rows
+// past key_hi are zero-filled so that masked P (= 0) times V stays 0.
+template <typename IdxT>
 __device__ __forceinline__ void gather_tile(uint32_t stage, const __nv_bfloat16* kv, int64_t row_stride,
-                                            const IdxT* rows, int tile_key0, int key_hi, int tid) {
-  using Cfg = TileConfig<RG, BN, STAGES>;
+                                            const IdxT* rows, int tile_key0, int key_hi, int vtid) {
+  if (vtid >= kGatherThreads) return;
+  const int row = vtid / kGatherLanesPerRow;
+  const int lane = vtid % kGatherLanesPerRow;
+  const bool live = tile_key0 + row < key_hi;
+  const int64_t pool_row = live ? static_cast<int64_t>(rows[row]) : 0;
+  const __nv_bfloat16* src = kv + pool_row * row_stride + lane * 8;
+  const uint32_t dst = stage + row * kRowBytes + lane * 16;
+  const int bytes = live ? 16 : 0;
 #pragma unroll
-  for (int i = 0; i < Cfg::kPiecesPerThread; ++i) {
-    const int x = tid + i * Cfg::kThreads;
-    if (Cfg::kThreads * Cfg::kPiecesPerThread == BN * kChunksPerRow || x < BN * kChunksPerRow) {
-      const int row = x / kChunksPerRow;
-      const int piece = x - row * kChunksPerRow;
-      const bool live = tile_key0 + row < key_hi;
-      const int64_t pool_row = live ? static_cast<int64_t>(rows[row]) : 0;
-      cp_async_16(stage + row * kRowBytes + piece * 16, kv + pool_row * row_stride + piece * 8, live ? 16 : 0);
+  for (int j = 0; j < kChunksPerRow / kGatherLanesPerRow; ++j) {
+    cp_async_16(dst + j * kGatherLanesPerRow * 16, src + j * kGatherLanesPerRow * 8, bytes);
+  }
+}
+
+// Stages the pool rows of one tile (kBlockN indices) into shared memory, asynchronously (value threads).
+template <typename IdxT>
+__device__ __forceinline__ void fetch_tile_rows(uint32_t slot, const IdxT* indices, int tile_key0, int key_hi,
+                                                int vtid) {
+  if (vtid < kBlockN) {
+    const int key = tile_key0 + vtid;
+    const bool live = key < key_hi;
+    cp_async_ca<sizeof(IdxT)>(slot + vtid * sizeof(IdxT), indices + (live ? key : 0), live ? sizeof(IdxT) : 0);
+  }
+}
+
+// Score role, one tile: S = Q K^T for 16 rows x 16 keys, tree mask, online softmax; P and the rows' rescale
+// factors go to shared memory for the value warps.
+struct ScoreState {
+  float row_max[2];  // running maxima, scaled log2 domain
+  float row_sum[2];  // running sums of this lane's columns (quad-reduced at the end)
+};
+
+__device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t (&qf)[kQRegSteps][4],
+                                          uint32_t q_smem, ScoreState& st, uint32_t stage, unsigned char* p_buf, float* alpha_buf,
+                                          int local_row0, int tile_key0, int key_hi, int prefix, int q_tok0,
+                                          const int (&token)[2], int lane) {
+  const int g = lane / 4;
+  const int c = lane % 4;
+  float s[kQkChains][2][4];
+#pragma unroll
+  for (int k = 0; k < kQkChains; ++k) {
+#pragma unroll
+    for (int t = 0; t < 2; ++t) s[k][t][0] = s[k][t][1] = s[k][t][2] = s[k][t][3] = 0.f;
+  }
+  {
+    // Fragments are loaded kFragAhead k-steps before their mma (ldmatrix and mma are volatile asm, so the
+    // compiler keeps their order: without this each k-step would wait out a full ldmatrix latency).
+    const int key_in_tile = (lane & 7) + (lane >> 4) * 8;
+    const int dim_off = ((lane >> 3) & 1) * 8;
+    const uint32_t base = stage + key_in_tile * kRowBytes + dim_off * 2;
+    uint32_t kb[kFragAhead + 1][4];
+    uint32_t qa[kFragAhead + 1][4];
+#pragma unroll
+    for (int ks = 0; ks < kQkSteps + kFragAhead; ++ks) {
+      if (ks < kQkSteps) {
+        const int slot = ks % (kFragAhead + 1);
+        ldmatrix_x4(base + ks * 32, kb[slot][0], kb[slot][1], kb[slot][2], kb[slot][3]);
+        if (ks >= kQRegSteps) {
+          ldmatrix_x4(q_smem + (ks - kQRegSteps) * 32, qa[slot][0], qa[slot][1], qa[slot][2], qa[slot][3]);
+        }
+      }
+      const int m = ks - kFragAhead;  // the k-step whose mma issues now
+      if (m >= 0) {
+        const int slot = m % (kFragAhead + 1);
+        if (m < kQRegSteps) {
+          mma_bf16_16816(s[m % kQkChains][0], qf[m], kb[slot][0], kb[slot][1]);
+          mma_bf16_16816(s[m % kQkChains][1], qf[m], kb[slot][2], kb[slot][3]);
+        } else {
+          mma_bf16_16816(s[m % kQkChains][0], qa[slot], kb[slot][0], kb[slot][1]);
+          mma_bf16_16816(s[m % kQkChains][1], qa[slot], kb[slot][2], kb[slot][3]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 1; k < kQkChains; ++k) {
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[0][t][e] += s[k][t][e];
+    }
+  }
+  float(&sc)[2][4] = s[0];
+
+  // Mask (raw scores): keys past the chunk, and drafts the tree hides from this row.
+  if (tile_key0 + kBlockN > prefix || tile_key0 + kBlockN > key_hi) {
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = tile_key0 + t * 8 + 2 * c + (e & 1);
+        bool visible = key < key_hi;
+        if (visible && key >= prefix) {
+          const int j = key - prefix;
+          const uint64_t* mask_row = p.draft_mask + static_cast<int64_t>(q_tok0 + token[e >> 1]) * p.mask_words;
+          visible = (__ldg(reinterpret_cast<const unsigned long long*>(mask_row) + (j >> 6)) >> (j & 63)) & 1ull;
+        }
+        if (!visible) sc[t][e] = -INFINITY;
+      }
+    }
+  }
+
+  // Online softmax (rows g and g + 8; a row's 16 columns live in the 4 lanes of a quad). Maxima are kept in
+  // the scaled log2 domain; the scale (> 0) is folded into one FFMA per score.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float raw = fmaxf(fmaxf(sc[0][2 * i], sc[0][2 * i + 1]), fmaxf(sc[1][2 * i], sc[1][2 * i + 1]));
+    raw = fmaxf(raw, __shfl_xor_sync(0xffffffffu, raw, 1));
+    raw = fmaxf(raw, __shfl_xor_sync(0xffffffffu, raw, 2));
+    const float mx = fmaxf(st.row_max[i], raw * p.scale_log2);
+    const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet stays at zero weight
+    const float alpha = fast_exp2(st.row_max[i] - base);
+    st.row_max[i] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      sc[t][2 * i] = fast_exp2(fmaf(sc[t][2 * i], p.scale_log2, -base));
+      sc[t][2 * i + 1] = fast_exp2(fmaf(sc[t][2 * i + 1], p.scale_log2, -base));
+      sum += sc[t][2 * i] + sc[t][2 * i + 1];
+    }
+    st.row_sum[i] = st.row_sum[i] * alpha + sum;
+    const int row = local_row0 + g + 8 * i;
+    if (c == 0) alpha_buf[row] = alpha;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      *reinterpret_cast<uint32_t*>(p_buf + row * kPRowBytes + (t * 8 + 2 * c) * 2) =
+          pack_bf16x2(sc[t][2 * i], sc[t][2 * i + 1]);
     }
   }
 }
 
-// Stages the pool rows of one tile (BN indices) into shared memory: lanes of warp 0, asynchronously.
-template <int BN, typename IdxT>
-__device__ __forceinline__ void fetch_tile_rows(uint32_t slot, const IdxT* indices, int tile_key0, int key_hi,
-                                                int tid) {
-  if (tid < BN) {
-    const int key = tile_key0 + tid;
-    const bool live = key < key_hi;
-    cp_async_ca<sizeof(IdxT)>(slot + tid * sizeof(IdxT), indices + (live ? key : 0), live ? sizeof(IdxT) : 0);
-  }
-}
-
-template <int RG, int BN, int STAGES, typename IdxT>
-__global__ void __launch_bounds__(TileConfig<RG, BN, STAGES>::kThreads, 1)
+template <int RG, int STAGES, typename IdxT>
+__global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
     verify_attention_kernel(const VerifyParams p) {
-  using Cfg = TileConfig<RG, BN, STAGES>;
-  constexpr int kScoreTiles = Cfg::kScoreTiles;
+  using Cfg = TileConfig<RG, STAGES>;
   extern __shared__ __align__(128) unsigned char smem[];
 
   const int row_block = blockIdx.x;
@@ -102,10 +231,8 @@ __global__ void __launch_bounds__(TileConfig<RG, BN, STAGES>::kThreads, 1)
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int group = warp / kWarpsPerRowGroup;  // row group of this warp
-  const int part = warp % kWarpsPerRowGroup;   // which quarter of D (QK) and of the output columns (PV)
-  const int g = lane / 4;                      // fragment row (and row + 8)
-  const int c = lane % 4;                      // fragment column pair
+  const int g = lane / 4;  // fragment row (and row + 8)
+  const int c = lane % 4;  // fragment column pair
 
   const int kv_begin = p.kv_indptr[b];
   const int kv_len = p.kv_indptr[b + 1] - kv_begin;
@@ -114,243 +241,224 @@ __global__ void __launch_bounds__(TileConfig<RG, BN, STAGES>::kThreads, 1)
   const int key_lo = split * chunk;
   if (key_lo >= kv_len) return;  // this chunk lies past the request's keys (grid sized for the worst case)
   const int key_hi = min(kv_len, key_lo + chunk);
-  const int n_tiles = (key_hi - key_lo + BN - 1) / BN;
+  const int n_tiles = (key_hi - key_lo + kBlockN - 1) / kBlockN;
 
   const IdxT* indices = static_cast<const IdxT*>(p.kv_indices) + kv_begin;
   const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv);
   const uint32_t smem_base = smem_addr(smem);
-  float* exchange = reinterpret_cast<float*>(smem + STAGES * Cfg::kStageBytes);
-  const IdxT* index_ring = reinterpret_cast<const IdxT*>(smem + STAGES * Cfg::kStageBytes + Cfg::kExchangeBytes);
-  const uint32_t index_base = smem_base + STAGES * Cfg::kStageBytes + Cfg::kExchangeBytes;
-  constexpr int kSlotBytes = BN * 8;
+  const IdxT* index_ring = reinterpret_cast<const IdxT*>(smem + Cfg::kIndexOffset);
+  const uint32_t index_base = smem_base + Cfg::kIndexOffset;
+  constexpr int kSlotBytes = kBlockN * 8;
+  constexpr int kSlotIdx = kSlotBytes / sizeof(IdxT);
+  float* alpha_smem = reinterpret_cast<float*>(smem + Cfg::kAlphaOffset);
+  float* inv_sum_smem = reinterpret_cast<float*>(smem + Cfg::kStatsOffset);
 
-  // Prologue: pool rows of tiles 0 .. 2*STAGES-3, then the gathers of tiles 0 .. STAGES-2 (one group each).
+  const bool score_role = warp < Cfg::kScoreWarps;
+  const int vtid = tid - Cfg::kScoreWarps * 32;
+
+  // Prologue (value threads): pool rows of the first kIndexSlots tiles, then the gathers of tiles
+  // 0 .. kAhead - 1, one cp.async group each. Step j later commits one group: the gather of tile j + kAhead
+  // and the pool rows of tile j + kIndexSlots (needed by the gather at step j + kAhead, when that group has
+  // landed).
+  if (!score_role) {
 #pragma unroll
-  for (int t = 0; t < Cfg::kIndexSlots; ++t) {
-    fetch_tile_rows<BN, IdxT>(index_base + t * kSlotBytes, indices, key_lo + t * BN, key_hi, tid);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-#pragma unroll
-  for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < n_tiles) {
-      gather_tile<RG, BN, STAGES, IdxT>(smem_base + t * Cfg::kStageBytes, kv, p.kv_row_stride,
-                                        index_ring + t * (kSlotBytes / sizeof(IdxT)), key_lo + t * BN, key_hi, tid);
+    for (int t = 0; t < Cfg::kIndexSlots; ++t) {
+      fetch_tile_rows<IdxT>(index_base + t * kSlotBytes, indices, key_lo + t * kBlockN, key_hi, vtid);
     }
     cp_async_commit();
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+  if (!score_role) {
+#pragma unroll
+    for (int t = 0; t < Cfg::kAhead; ++t) {
+      if (t < n_tiles) {
+        gather_tile<IdxT>(smem_base + t * Cfg::kStageBytes, kv, p.kv_row_stride, index_ring + t * kSlotIdx,
+                          key_lo + t * kBlockN, key_hi, vtid);
+      }
+      cp_async_commit();
+    }
   }
 
   const int rows = p.q_len * p.heads;
   const int q_tok0 = p.qo_indptr[b];
-  const int warp_row0 = row_block * Cfg::kBlockM + group * 16;
-  int token[2];
-  bool row_live[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = warp_row0 + g + 8 * i;
-    row_live[i] = r < rows;
-    token[i] = row_live[i] ? r / p.heads : 0;
-  }
+  const int block_row0 = row_block * Cfg::kBlockM;
+  const int out_row0 = q_tok0 * p.heads;
 
-  // Q fragments for this warp's 16 rows and its quarter of the 576 dims, held for the whole KV loop.
-  uint32_t qf[kQkSteps][4];
-  {
-    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q);
+  if (score_role) {
+    // ---------------- score warp: rows block_row0 + 16 * warp + {g, g + 8} ----------------
+    const int local_row0 = warp * 16;
+    const bool warp_live = block_row0 + local_row0 < rows;
+    int token[2];
+    bool row_live[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int r = warp_row0 + g + 8 * i;
-      const int head = row_live[i] ? r - token[i] * p.heads : 0;
-      const __nv_bfloat16* qrow =
-          q + static_cast<int64_t>(q_tok0 + token[i]) * p.q_stride_token + head * p.q_stride_head;
-#pragma unroll
-      for (int ks = 0; ks < kQkSteps; ++ks) {
-        const int d0 = part * kQkDims + ks * 16 + 2 * c;
-        qf[ks][i] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0)) : 0u;
-        qf[ks][i + 2] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0 + 8)) : 0u;
-      }
+      const int r = block_row0 + local_row0 + g + 8 * i;
+      row_live[i] = r < rows;
+      token[i] = row_live[i] ? r / p.heads : 0;
     }
-  }
-
-  float acc[kOutTiles][4];
-#pragma unroll
-  for (int t = 0; t < kOutTiles; ++t) {
-    acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-  }
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};
-
-  for (int it = 0; it < n_tiles; ++it) {
-    // Group of iteration j = gather of tile j + STAGES - 1 + pool rows of tile j + 2 * STAGES - 2. Waiting
-    // for all but the newest STAGES - 2 groups lands tile `it` and the pool rows of tile it + STAGES - 1.
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();              // ... for every thread; all warps are done with tile it - 1 and the exchange
-    const int tile_key0 = key_lo + it * BN;
+    // Q of this warp's 16 rows for the whole KV loop: the first 16 * kQRegSteps dims in registers, the rest
+    // in shared memory (all 576 in registers would spill).
+    uint32_t qf[kQRegSteps][4];
+    unsigned char* q_smem_rows = smem + Cfg::kQSmemOffset + local_row0 * kQSmemRowBytes;
     {
-      const int ahead = it + STAGES - 1;  // refill the stage tile it - 1 used
-      if (ahead < n_tiles) {
-        gather_tile<RG, BN, STAGES, IdxT>(smem_base + (ahead % STAGES) * Cfg::kStageBytes, kv, p.kv_row_stride,
-                                          index_ring + (ahead % Cfg::kIndexSlots) * (kSlotBytes / sizeof(IdxT)),
-                                          key_lo + ahead * BN, key_hi, tid);
-      }
-      const int rows_ahead = it + Cfg::kIndexSlots;  // its slot last served tile `it`, gathered long ago
-      if (rows_ahead < n_tiles) {
-        fetch_tile_rows<BN, IdxT>(index_base + (rows_ahead % Cfg::kIndexSlots) * kSlotBytes, indices,
-                                  key_lo + rows_ahead * BN, key_hi, tid);
-      }
-      cp_async_commit();
-    }
-    const uint32_t stage = smem_base + (it % STAGES) * Cfg::kStageBytes;
-
-    // Partial scores over this warp's quarter of D.
-    float s[kScoreTiles][4];
+      const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q);
 #pragma unroll
-    for (int t = 0; t < kScoreTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
-    {
-      const int key_in_tile = (lane & 7) + (lane >> 4) * 8;
-      const int dim_off = ((lane >> 3) & 1) * 8;
-      const uint32_t base = stage + key_in_tile * kRowBytes + (part * kQkDims + dim_off) * 2;
+      for (int i = 0; i < 2; ++i) {
+        const int r = block_row0 + local_row0 + g + 8 * i;
+        const int head = row_live[i] ? r - token[i] * p.heads : 0;
+        const __nv_bfloat16* qrow =
+            q + static_cast<int64_t>(q_tok0 + token[i]) * p.q_stride_token + head * p.q_stride_head;
 #pragma unroll
-      for (int ks = 0; ks < kQkSteps; ++ks) {
+        for (int ks = 0; ks < kQRegSteps; ++ks) {
+          const int d0 = ks * 16 + 2 * c;
+          qf[ks][i] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0)) : 0u;
+          qf[ks][i + 2] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0 + 8)) : 0u;
+        }
+        // Shared-memory dims: each lane of the quad copies kQSmemPieces 16-byte pieces of the row.
 #pragma unroll
-        for (int pair = 0; pair < kScoreTiles / 2; ++pair) {
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(base + pair * 16 * kRowBytes + ks * 32, b0, b1, b2, b3);
-          mma_bf16_16816(s[2 * pair], qf[ks], b0, b1);
-          mma_bf16_16816(s[2 * pair + 1], qf[ks], b2, b3);
+        for (int piece = 0; piece < kQSmemPieces; ++piece) {
+          const int d = (c * kQSmemPieces + piece) * 8;
+          const uint4 v = row_live[i] ? __ldg(reinterpret_cast<const uint4*>(qrow + 16 * kQRegSteps + d))
+                                      : make_uint4(0u, 0u, 0u, 0u);
+          *reinterpret_cast<uint4*>(q_smem_rows + (g + 8 * i) * kQSmemRowBytes + d * 2) = v;
         }
       }
     }
+    __syncwarp();  // only this warp reads its rows
+    const uint32_t q_smem =
+        smem_addr(q_smem_rows) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kQSmemRowBytes + (lane >> 4) * 16;
+    ScoreState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
 
-    // Swap partial scores within the row group and add them in warp order, so that all four warps hold
-    // bit-identical full scores (and run the same online softmax).
-    {
-      float4* mine = reinterpret_cast<float4*>(exchange) + warp * 32 * kScoreTiles;
-#pragma unroll
-      for (int t = 0; t < kScoreTiles; ++t) mine[t * 32 + lane] = make_float4(s[t][0], s[t][1], s[t][2], s[t][3]);
-      named_barrier(1 + group, 32 * kWarpsPerRowGroup);
-      const float4* peers = reinterpret_cast<const float4*>(exchange) + group * kWarpsPerRowGroup * 32 * kScoreTiles;
-#pragma unroll
-      for (int t = 0; t < kScoreTiles; ++t) {
-        const float4 own = make_float4(s[t][0], s[t][1], s[t][2], s[t][3]);
-        float4 sum = part == 0 ? own : peers[t * 32 + lane];
-#pragma unroll
-        for (int w = 1; w < kWarpsPerRowGroup; ++w) {
-          // A warp's own partial comes from registers (the same bits it stored), the others from smem.
-          const float4 o = w == part ? own : peers[(w * kScoreTiles + t) * 32 + lane];
-          sum.x += o.x;
-          sum.y += o.y;
-          sum.z += o.z;
-          sum.w += o.w;
-        }
-        s[t][0] = sum.x;
-        s[t][1] = sum.y;
-        s[t][2] = sum.z;
-        s[t][3] = sum.w;
+    for (int it = 0; it <= n_tiles; ++it) {
+      __syncthreads();  // tile `it` has landed (the value threads waited for it), the buffers are free
+      if (it < n_tiles && warp_live) {
+        score_tile(p, qf, q_smem, st, smem_base + (it % STAGES) * Cfg::kStageBytes, smem + Cfg::kPOffset + (it % 2) *
+                   Cfg::kPBufBytes, alpha_smem + (it % 2) * Cfg::kBlockM, local_row0, key_lo + it * kBlockN, key_hi,
+                   prefix, q_tok0, token, lane);
       }
     }
-
-    // Mask (raw scores): keys past the chunk, and drafts the tree hides from this row.
-    if (tile_key0 + BN > prefix || tile_key0 + BN > key_hi) {
-#pragma unroll
-      for (int t = 0; t < kScoreTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = tile_key0 + t * 8 + 2 * c + (e & 1);
-          bool visible = key < key_hi;
-          if (visible && key >= prefix) {
-            const int j = key - prefix;
-            const uint64_t* mask_row = p.draft_mask + static_cast<int64_t>(q_tok0 + token[e >> 1]) * p.mask_words;
-            visible = (__ldg(reinterpret_cast<const unsigned long long*>(mask_row) + (j >> 6)) >> (j & 63)) & 1ull;
-          }
-          if (!visible) s[t][e] = -INFINITY;
-        }
-      }
-    }
-
-    // Online softmax over this tile (rows g and g + 8; a row's BN columns live in the 4 lanes of a quad).
-    // Running maxima are kept in the scaled log2 domain; the scale (> 0) is folded into one FFMA per score.
-    float alpha[2];
+    // Row statistics: 1 / sum for the value warps, the LSE (or this chunk's partial LSE) from here.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float raw = -INFINITY;
-#pragma unroll
-      for (int t = 0; t < kScoreTiles; ++t) raw = fmaxf(raw, fmaxf(s[t][2 * i], s[t][2 * i + 1]));
-      raw = fmaxf(raw, __shfl_xor_sync(0xffffffffu, raw, 1));
-      raw = fmaxf(raw, __shfl_xor_sync(0xffffffffu, raw, 2));
-      const float mx = fmaxf(row_max[i], raw * p.scale_log2);
-      const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet stays at zero weight
-      alpha[i] = fast_exp2(row_max[i] - base);
-      row_max[i] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int t = 0; t < kScoreTiles; ++t) {
-        s[t][2 * i] = fast_exp2(fmaf(s[t][2 * i], p.scale_log2, -base));
-        s[t][2 * i + 1] = fast_exp2(fmaf(s[t][2 * i + 1], p.scale_log2, -base));
-        sum += s[t][2 * i] + s[t][2 * i + 1];
-      }
-      row_sum[i] = row_sum[i] * alpha[i] + sum;
-    }
-    // Rescale the accumulators only when some row's maximum moved (rare once the prefix max is found).
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int t = 0; t < kOutTiles; ++t) {
-        acc[t][0] *= alpha[0];
-        acc[t][1] *= alpha[0];
-        acc[t][2] *= alpha[1];
-        acc[t][3] *= alpha[1];
+      float l = st.row_sum[i];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int local = local_row0 + g + 8 * i;
+      if (c == 0) inv_sum_smem[local] = l > 0.f ? 1.f / l : 0.f;
+      const float lse2 = l > 0.f ? st.row_max[i] + __log2f(l) : -INFINITY;
+      const int r = block_row0 + local;
+      if (!row_live[i] || c != 0) continue;
+      if (p.splits == 1) {
+        if (p.lse != nullptr) p.lse[out_row0 + r] = lse2 * kLn2;
+      } else {
+        p.part_lse[(static_cast<int64_t>(b) * p.splits + split) * rows + r] = lse2;
       }
     }
+    __syncthreads();
+    return;
+  }
 
-    // O += P V over this warp's 128 output columns; P goes from score accumulators straight to A fragments.
-    {
-      const int key_in_tile = (lane & 7) + ((lane >> 3) & 1) * 8;
-      const int col_off = (lane >> 4) * 8;
-      const uint32_t base = stage + key_in_tile * kRowBytes + (part * kOutCols + col_off) * 2;
+  // ---------------- value warp: output columns col0 .. col0 + 63 of all the block's rows ----------------
+  const int col0 = (warp - Cfg::kScoreWarps) * kValueCols;
+  bool tile_live[RG];
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        const uint32_t pa[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
-                                pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+  for (int m = 0; m < RG; ++m) tile_live[m] = block_row0 + m * 16 < rows;
+  float acc[RG][kValueTiles][4];
 #pragma unroll
-        for (int pair = 0; pair < kOutTiles / 2; ++pair) {
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(base + kk * 16 * kRowBytes + pair * 32, b0, b1, b2, b3);
-          mma_bf16_16816(acc[2 * pair], pa, b0, b1);
-          mma_bf16_16816(acc[2 * pair + 1], pa, b2, b3);
+  for (int m = 0; m < RG; ++m) {
+#pragma unroll
+    for (int t = 0; t < kValueTiles; ++t) acc[m][t][0] = acc[m][t][1] = acc[m][t][2] = acc[m][t][3] = 0.f;
+  }
+  // ldmatrix lane addresses: P (A operand, rows x keys) and V (B operand through .trans, keys x columns).
+  const uint32_t p_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * kPRowBytes + (lane >> 4) * 16;
+  const uint32_t v_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (col0 + (lane >> 4) * 8) * 2;
+
+  for (int it = 0; it <= n_tiles; ++it) {
+    // Group j holds tile j (j < kAhead: prologue; else committed by step j - kAhead): all but the newest
+    // kAhead - 1 done means tile `it` has landed, for this thread; the barrier makes it so for every thread.
+    cp_async_wait<Cfg::kAhead - 1>();
+    __syncthreads();
+    const int ahead = it + Cfg::kAhead;  // into the stage of tile it - 2, which the value warps finished
+    if (ahead < n_tiles) {
+      gather_tile<IdxT>(smem_base + (ahead % STAGES) * Cfg::kStageBytes, kv, p.kv_row_stride,
+                        index_ring + (ahead % Cfg::kIndexSlots) * kSlotIdx, key_lo + ahead * kBlockN, key_hi, vtid);
+    }
+    if (it + Cfg::kIndexSlots < n_tiles) {  // the slot of tile it, gathered kAhead steps ago
+      fetch_tile_rows<IdxT>(index_base + (it % Cfg::kIndexSlots) * kSlotBytes, indices,
+                            key_lo + (it + Cfg::kIndexSlots) * kBlockN, key_hi, vtid);
+    }
+    cp_async_commit();
+    if (it == 0) continue;
+    const int t = it - 1;  // the tile the score warps finished in the previous step
+    const float* alpha = alpha_smem + (t % 2) * Cfg::kBlockM;
+    const uint32_t p_tile = smem_base + Cfg::kPOffset + (t % 2) * Cfg::kPBufBytes + p_lane;
+    const uint32_t v_tile = smem_base + (t % STAGES) * Cfg::kStageBytes + v_lane;
+    // All fragments first (P for each row tile, V for the 8 column tiles), so their shared-memory latency
+    // overlaps the rescale below instead of stalling each mma.
+    uint32_t pa[RG][4];
+    uint32_t vb[kValueTiles / 2][4];
+#pragma unroll
+    for (int m = 0; m < RG; ++m) {
+      if (tile_live[m]) ldmatrix_x4(p_tile + m * 16 * kPRowBytes, pa[m][0], pa[m][1], pa[m][2], pa[m][3]);
+    }
+#pragma unroll
+    for (int pair = 0; pair < kValueTiles / 2; ++pair) {
+      ldmatrix_x4_trans(v_tile + pair * 32, vb[pair][0], vb[pair][1], vb[pair][2], vb[pair][3]);
+    }
+#pragma unroll
+    for (int m = 0; m < RG; ++m) {
+      if (!tile_live[m]) continue;
+      const float a0 = alpha[m * 16 + g];
+      const float a1 = alpha[m * 16 + g + 8];
+      // Rescale only when a row's maximum moved (rare once the prefix maximum is found).
+      if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+#pragma unroll
+        for (int n = 0; n < kValueTiles; ++n) {
+          acc[m][n][0] *= a0;
+          acc[m][n][1] *= a0;
+          acc[m][n][2] *= a1;
+          acc[m][n][3] *= a1;
         }
+      }
+    }
+#pragma unroll
+    for (int pair = 0; pair < kValueTiles / 2; ++pair) {
+#pragma unroll
+      for (int m = 0; m < RG; ++m) {
+        if (!tile_live[m]) continue;
+        mma_bf16_16816(acc[m][2 * pair], pa[m], vb[pair][0], vb[pair][1]);
+        mma_bf16_16816(acc[m][2 * pair + 1], pa[m], vb[pair][2], vb[pair][3]);
       }
     }
   }
   cp_async_wait<0>();  // leave no copy in flight into shared memory of an exiting block
+  __syncthreads();     // the score warps' 1 / sum values
 
-  // Epilogue: finish the row sums across the quad, normalise, write the output or this chunk's partial.
-  const int out_row0 = q_tok0 * p.heads;
+  // Epilogue: normalise, write the output or this chunk's partial.
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = row_sum[i];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse2 = l > 0.f ? row_max[i] + __log2f(l) : -INFINITY;
-    const int r = warp_row0 + g + 8 * i;
-    if (!row_live[i]) continue;
-    if (p.splits == 1) {
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(out_row0 + r) * kValueDim +
-                           part * kOutCols + 2 * c;
+  for (int m = 0; m < RG; ++m) {
 #pragma unroll
-      for (int t = 0; t < kOutTiles; ++t) {
-        *reinterpret_cast<uint32_t*>(out + t * 8) = pack_bf16x2(acc[t][2 * i] * inv, acc[t][2 * i + 1] * inv);
+    for (int i = 0; i < 2; ++i) {
+      const int local = m * 16 + g + 8 * i;
+      const int r = block_row0 + local;
+      if (r >= rows) continue;
+      const float inv = inv_sum_smem[local];
+      if (p.splits == 1) {
+        __nv_bfloat16* out =
+            static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(out_row0 + r) * kValueDim + col0 + 2 * c;
+#pragma unroll
+        for (int n = 0; n < kValueTiles; ++n) {
+          *reinterpret_cast<uint32_t*>(out + n * 8) = pack_bf16x2(acc[m][n][2 * i] * inv, acc[m][n][2 * i + 1] * inv);
+        }
+      } else {
+        const int64_t slot = (static_cast<int64_t>(b) * p.splits + split) * rows + r;
+        float* out = p.part_o + slot * kValueDim + col0 + 2 * c;
+#pragma unroll
+        for (int n = 0; n < kValueTiles; ++n) {
+          *reinterpret_cast<float2*>(out + n * 8) = make_float2(acc[m][n][2 * i] * inv, acc[m][n][2 * i + 1] * inv);
+        }
       }
-      if (p.lse != nullptr && part == 0 && c == 0) p.lse[out_row0 + r] = lse2 * kLn2;
-    } else {
-      const int64_t slot = (static_cast<int64_t>(b) * p.splits + split) * rows + r;
-      float* out = p.part_o + slot * kValueDim + part * kOutCols + 2 * c;
-#pragma unroll
-      for (int t = 0; t < kOutTiles; ++t) {
-        *reinterpret_cast<float2*>(out + t * 8) = make_float2(acc[t][2 * i] * inv, acc[t][2 * i + 1] * inv);
-      }
-      if (part == 0 && c == 0) p.part_lse[slot] = lse2;
     }
   }
 }

@@ -10,10 +10,8 @@ import torch
 from .extension import load_extension
 from .mask import mask_words
 from .plan import (
-    DEFAULT_BLOCK_N,
     HEAD_DIM,
     MAX_Q_LEN,
-    TILE_CONFIGS,
     VALUE_DIM,
     LaunchPlan,
     max_workspace_bytes,
@@ -21,11 +19,14 @@ from .plan import (
     row_tiling,
 )
 
-BLOCK_N_ENV = "KDTREE_BLOCK_N"  # tuning override of the tile size (16 or 32); read when a plan is made
 # "1": every request spreads its own keys over all planned splits (chunk chosen on the device from its
 # kv_len) instead of fixed chunks sized for max_prefix_len. Faster for short requests replayed in a graph
 # captured for a long bound; off by default until it has been timed (it passes the same GPU tests).
 ADAPTIVE_CHUNKS_ENV = "KDTREE_ADAPTIVE_CHUNKS"
+# Shared-memory KV stages: unset (the default) lets the extension take the deepest the GPU allows (8 on sm_90,
+# 4 on sm_120); "4" forces the portable count, e.g. to time on an H200 what an RTX PRO 6000 runs.
+STAGES_ENV = "KDTREE_STAGES"
+STAGE_COUNTS = (4, 8)
 
 
 @functools.cache
@@ -34,9 +35,9 @@ def _num_sms(device_index: int) -> int:
 
 
 @functools.cache
-def _blocks_per_sm(block_n: int, row_groups: int) -> int:
+def _blocks_per_sm(row_groups: int) -> int:
     try:
-        return max(1, int(load_extension().blocks_per_sm(block_n, row_groups)))
+        return max(1, int(load_extension().blocks_per_sm(row_groups)))
     except RuntimeError:
         return 1
 
@@ -53,26 +54,10 @@ def launch_plan(
 ) -> LaunchPlan:
     """The grid verify_attention uses on ``device`` for these sizes (reads device properties, no sync)."""
     row_groups, _ = row_tiling(q_len, heads) if 1 <= q_len <= MAX_Q_LEN else (1, 1)
-    block_n = _block_n()
     index = _device_index(device)
     return plan_launch(
-        bs,
-        q_len,
-        heads,
-        max_prefix_len,
-        num_sms=_num_sms(index),
-        blocks_per_sm=_blocks_per_sm(block_n, row_groups),
-        block_n=block_n,
+        bs, q_len, heads, max_prefix_len, num_sms=_num_sms(index), blocks_per_sm=_blocks_per_sm(row_groups)
     )
-
-
-def _block_n() -> int:
-    raw = os.environ.get(BLOCK_N_ENV)
-    if raw is None:
-        return DEFAULT_BLOCK_N
-    if not raw.isdigit() or int(raw) not in TILE_CONFIGS:
-        raise ValueError(f"{BLOCK_N_ENV} must be one of {sorted(TILE_CONFIGS)}, got {raw!r}")
-    return int(raw)
 
 
 def workspace_size(
@@ -87,17 +72,19 @@ def workspace_size(
     if not 1 <= q_len <= MAX_Q_LEN:
         raise ValueError(f"q_len must be in [1, {MAX_Q_LEN}], got {q_len}")
     row_groups, _ = row_tiling(q_len, heads)
-    block_n = _block_n()
     index = _device_index(device)
     return max_workspace_bytes(
-        bs,
-        q_len,
-        heads,
-        max_prefix_len,
-        num_sms=_num_sms(index),
-        blocks_per_sm=_blocks_per_sm(block_n, row_groups),
-        block_n=block_n,
+        bs, q_len, heads, max_prefix_len, num_sms=_num_sms(index), blocks_per_sm=_blocks_per_sm(row_groups)
     )
+
+
+def _stages() -> int:
+    raw = os.environ.get(STAGES_ENV, "")
+    if not raw:
+        return 0
+    if not raw.isdigit() or int(raw) not in STAGE_COUNTS:
+        raise ValueError(f"{STAGES_ENV} must be one of {STAGE_COUNTS} or unset, got {raw!r}")
+    return int(raw)
 
 
 def _check_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, q_len: int, v_head_dim: int) -> None:
@@ -169,6 +156,6 @@ def verify_attention(
         plan.row_blocks,
         plan.splits,
         0 if os.environ.get(ADAPTIVE_CHUNKS_ENV) == "1" else plan.chunk_keys,
-        plan.block_n,
+        _stages(),
     )
     return out

@@ -2,7 +2,8 @@
 device tensors (CUDA-graph safe: capture with the worst-case ``max_prefix_len``; blocks past a request's keys
 exit at once).
 
-A block serves one request, up to 48 (token, head) rows of it (``row_groups`` x 16) and one chunk of its keys.
+A block serves one request, up to 48 (token, head) rows of it (``row_groups`` x 16) and one chunk of its keys:
+``row_groups`` score warps plus 8 value warps (csrc/verify_attention_kernel.cuh).
 Small batches split the keys into ``splits`` chunks so the grid fills the GPU; a combine kernel merges them.
 """
 
@@ -14,8 +15,6 @@ from dataclasses import dataclass
 HEAD_DIM = 576
 VALUE_DIM = 512
 BLOCK_N = 32  # chunks are multiples of this many keys (kChunkAlign in csrc/verify_attention.h)
-TILE_CONFIGS = {32: 2, 16: 4}  # keys per tile -> shared-memory stages (instantiated in csrc)
-DEFAULT_BLOCK_N = 32  # measured faster than 16 x 4 stages on every H200 case but the smallest
 MAX_Q_LEN = 128
 MAX_ROW_GROUPS = 3
 ROWS_PER_GROUP = 16
@@ -30,13 +29,12 @@ BYTES_PER_TILE_STEP = 4.9e6
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    row_groups: int  # 16-row groups per block (1..3): threads = 128 * row_groups
+    row_groups: int  # 16-row groups per block (1..3): threads = 32 * (row_groups + 8)
     row_blocks: int  # blocks along one request's q_len * heads rows
     splits: int  # KV chunks per request (grid.y)
     chunk_keys: int  # keys per chunk, a multiple of BLOCK_N
     rows: int  # q_len * heads
     bs: int
-    block_n: int = DEFAULT_BLOCK_N  # keys per shared-memory tile (16 or 32)
 
     @property
     def workspace_bytes(self) -> int:
@@ -72,7 +70,6 @@ def plan_launch(
     *,
     num_sms: int,
     blocks_per_sm: int = 1,
-    block_n: int = DEFAULT_BLOCK_N,
 ) -> LaunchPlan:
     """Choose the grid for a batch of ``bs`` requests whose prefixes are at most ``max_prefix_len`` keys."""
     if bs < 1:
@@ -81,8 +78,6 @@ def plan_launch(
         raise ValueError(f"q_len must be in [1, {MAX_Q_LEN}], got {q_len}")
     if heads < 1:
         raise ValueError(f"heads must be >= 1, got {heads}")
-    if block_n not in TILE_CONFIGS:
-        raise ValueError(f"block_n must be one of {sorted(TILE_CONFIGS)}, got {block_n}")
     if max_prefix_len < 0:
         raise ValueError(f"max_prefix_len must be >= 0, got {max_prefix_len}")
     row_groups, row_blocks = row_tiling(q_len, heads)
@@ -97,7 +92,7 @@ def plan_launch(
     )
     chunk_keys = math.ceil(math.ceil(max_keys / splits) / BLOCK_N) * BLOCK_N
     splits = math.ceil(max_keys / chunk_keys)  # rounding the chunk up can leave the last split empty
-    return LaunchPlan(row_groups, row_blocks, splits, chunk_keys, rows, bs, block_n)
+    return LaunchPlan(row_groups, row_blocks, splits, chunk_keys, rows, bs)
 
 
 def max_workspace_bytes(
@@ -108,13 +103,10 @@ def max_workspace_bytes(
     *,
     num_sms: int,
     blocks_per_sm: int = 1,
-    block_n: int = DEFAULT_BLOCK_N,
 ) -> int:
     """Workspace that serves every batch size 1..bs (smaller batches split their keys further, so their
     partials can outgrow those of the largest batch); what a CUDA-graph runner allocates once."""
     return max(
-        plan_launch(
-            b, q_len, heads, max_prefix_len, num_sms=num_sms, blocks_per_sm=blocks_per_sm, block_n=block_n
-        ).workspace_bytes
+        plan_launch(b, q_len, heads, max_prefix_len, num_sms=num_sms, blocks_per_sm=blocks_per_sm).workspace_bytes
         for b in range(1, bs + 1)
     )

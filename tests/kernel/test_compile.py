@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kdtree_kernel.plan import HEAD_DIM, MAX_ROW_GROUPS, TILE_CONFIGS
+from kdtree_kernel.plan import HEAD_DIM, MAX_ROW_GROUPS, VALUE_DIM
 
 CSRC = Path(__file__).resolve().parents[2] / "kernel" / "csrc"
 NVCC = shutil.which("nvcc")
@@ -45,18 +45,23 @@ def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
     return kernels
 
 
-UNITS = ("verify_attention.cu", "verify_attention_bn32.cu", "verify_attention_bn16.cu", "mma_rate.cu")
+UNITS = ("verify_attention.cu", "verify_attention_i32.cu", "verify_attention_i64.cu", "mma_rate.cu")
+KEYS_PER_TILE = 16
+STAGES = 4
 
 
-def dynamic_smem_bytes(row_groups: int, block_n: int, stages: int) -> int:
-    """Mirror of TileConfig::kSmemBytes in csrc: padded KV stages, score exchange, pool-row ring."""
-    row_bytes = HEAD_DIM * 2 + 16
-    exchange = row_groups * 4 * 32 * (block_n // 8) * 16
-    return stages * block_n * row_bytes + exchange + (2 * stages - 2) * block_n * 8
+def dynamic_smem_bytes(row_groups: int) -> int:
+    """Mirror of TileConfig::kSmemBytes in csrc: padded KV stages, double-buffered P and rescale factors,
+    1 / row sums, the Q rope rows, the pool-row ring."""
+    rows = row_groups * 16
+    stages = STAGES * KEYS_PER_TILE * (HEAD_DIM * 2 + 16)
+    p_and_alpha = 2 * rows * (KEYS_PER_TILE * 2 + 16) + 2 * rows * 4
+    q_rope = rows * ((HEAD_DIM - VALUE_DIM) * 2 + 16)
+    return stages + p_and_alpha + rows * 4 + q_rope + 4 * KEYS_PER_TILE * 8
 
 
 def worst_dynamic_smem() -> int:
-    return max(dynamic_smem_bytes(MAX_ROW_GROUPS, bn, st) for bn, st in TILE_CONFIGS.items())
+    return dynamic_smem_bytes(MAX_ROW_GROUPS)
 
 
 def test_parse_ptxas_reads_resources() -> None:
@@ -71,7 +76,7 @@ def test_parse_ptxas_reads_resources() -> None:
 
 def test_shared_memory_budget() -> None:
     assert worst_dynamic_smem() <= SMEM_LIMIT
-    assert dynamic_smem_bytes(3, 32, 2) > dynamic_smem_bytes(1, 32, 2)
+    assert dynamic_smem_bytes(3) > dynamic_smem_bytes(1)
 
 
 @pytest.mark.parametrize("arch", ["sm_120a", "sm_90a"])
@@ -113,7 +118,7 @@ def test_kernels_compile(arch: str, tmp_path: Path) -> None:
     assert link.returncode == 0, f"linking the kernel units failed:\n{link.stdout}{link.stderr}"
     kernels = parse_ptxas(log)
     main = {name: k for name, k in kernels.items() if "verify_attention_kernel" in name}
-    expected = 2 * MAX_ROW_GROUPS * len(TILE_CONFIGS)
+    expected = 2 * MAX_ROW_GROUPS  # int32 and int64 indices
     assert len(main) == expected, f"expected {expected} instantiations, got {sorted(main)}"
     assert any("verify_combine_kernel" in name for name in kernels)
     assert any("mma_rate_kernel" in name for name in kernels)

@@ -11,7 +11,6 @@ from kdtree_kernel.plan import (
     BLOCK_N,
     MAX_ROW_GROUPS,
     ROWS_PER_GROUP,
-    TILE_CONFIGS,
     max_workspace_bytes,
     plan_launch,
     row_tiling,
@@ -34,13 +33,11 @@ def test_row_tiling_covers_rows_with_bounded_padding(q_len: int, heads: int) -> 
     ("bs", "prefix", "q_len", "heads"),
     [(1, 0, 9, 8), (1, 1024, 9, 8), (1, 32768, 9, 8), (3, 17, 128, 128), (64, 8192, 9, 8), (128, 4096, 9, 8)],
 )
-@pytest.mark.parametrize("block_n", sorted(TILE_CONFIGS))
-def test_chunks_cover_every_key(bs: int, prefix: int, q_len: int, heads: int, block_n: int) -> None:
-    plan = plan_launch(bs, q_len, heads, prefix, num_sms=SMS, block_n=block_n)
+def test_chunks_cover_every_key(bs: int, prefix: int, q_len: int, heads: int) -> None:
+    plan = plan_launch(bs, q_len, heads, prefix, num_sms=SMS)
     assert plan.chunk_keys % BLOCK_N == 0
     assert plan.splits * plan.chunk_keys >= prefix + q_len
     assert (plan.splits - 1) * plan.chunk_keys < prefix + q_len  # the last split has work
-    assert plan.block_n == block_n
 
 
 def test_small_batch_is_split_to_fill_the_gpu() -> None:
@@ -80,15 +77,12 @@ def test_more_sms_never_means_fewer_blocks() -> None:
         ({"q_len": 0}, "q_len"),
         ({"heads": 0}, "heads"),
         ({"max_prefix_len": -1}, "max_prefix_len"),
-        ({"block_n": 64}, "block_n"),
     ],
 )
 def test_rejects_bad_sizes(kwargs: dict[str, int], match: str) -> None:
-    args = {"bs": 1, "q_len": 9, "heads": 8, "max_prefix_len": 100, "block_n": 32} | kwargs
+    args = {"bs": 1, "q_len": 9, "heads": 8, "max_prefix_len": 100} | kwargs
     with pytest.raises(ValueError, match=match):
-        plan_launch(
-            args["bs"], args["q_len"], args["heads"], args["max_prefix_len"], num_sms=SMS, block_n=args["block_n"]
-        )
+        plan_launch(args["bs"], args["q_len"], args["heads"], args["max_prefix_len"], num_sms=SMS)
 
 
 @pytest.mark.parametrize(("q_len", "heads", "prefix"), [(9, 8, 131072), (16, 16, 32768), (64, 8, 4096)])

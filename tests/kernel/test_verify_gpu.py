@@ -197,16 +197,20 @@ def test_deterministic_across_calls() -> None:
     assert torch.equal(first, second)
 
 
-@pytest.mark.parametrize("block_n", [16, 32])
 @pytest.mark.parametrize(
     ("bs", "prefix", "q_len", "heads", "kind"),
-    [(1, 5000, 9, 8, "tree"), (3, 1000, 33, 16, "star"), (8, 300, 128, 8, "tree"), (2, 70, 16, 128, "chain")],
+    [
+        (2, 3000, 1, 8, "chain"),  # 8 rows: 1 score warp, half of its rows dead
+        (2, 3000, 2, 16, "tree"),  # 32 rows: 2 score warps
+        (3, 3000, 5, 8, "tree"),  # 40 rows: 3 score warps, the last one half dead
+        (1, 5000, 9, 8, "tree"),  # 72 rows: 48 + 24, the second block's third score warp idle
+        (3, 1000, 33, 16, "star"),
+        (8, 300, 128, 8, "tree"),
+        (2, 70, 16, 128, "chain"),
+    ],
 )
-def test_both_tile_configs_match_reference(
-    block_n: int, bs: int, prefix: int, q_len: int, heads: int, kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("KDTREE_BLOCK_N", str(block_n))
-    case = make_case(bs, prefix, q_len, heads, kind=kind, ragged=True, seed=block_n + q_len)
+def test_every_row_group_count_matches_reference(bs: int, prefix: int, q_len: int, heads: int, kind: str) -> None:
+    case = make_case(bs, prefix, q_len, heads, kind=kind, ragged=True, seed=bs + q_len)
     out, lse = _run(case)
     ref, ref_lse = _reference(case)
     assert rel_error(out, ref) <= REL_TOL
