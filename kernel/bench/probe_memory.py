@@ -2,7 +2,8 @@
 
 Times, on one large batch (default bs 64 x 8192 keys): a contiguous copy of the pool, a gather of the batch's
 random pool rows (torch index_select), the same gather with each request's rows sorted, and the verify kernel
-for several (q_len, heads) shapes with random and with sorted rows. Prints one JSON line per measurement.
+for several (q_len, heads) shapes with its rows as a random permutation of the pool, contiguous, or in runs of
+64, and with the portable 4 shared-memory stages. Prints one JSON line per measurement.
 
     python3 kernel/bench/probe_memory.py --bs 64 --prefix 8192
 """

@@ -29,7 +29,7 @@ int smem_bytes_for(int row_groups) {
 
 constexpr int kMaxDevices = 64;
 
-int threads_for(int row_groups) { return (row_groups + kValueWarps) * 32; }
+int threads_for(int row_groups) { return (row_groups * kScoreHalves + kValueWarps) * 32; }
 
 }  // namespace
 

@@ -39,12 +39,10 @@ constexpr int kValueWarps = 8;                             // warps of the P V r
 constexpr int kValueCols = kValueDim / kValueWarps;        // output columns per value warp (64)
 constexpr int kValueTiles = kValueCols / 8;                // n8 tiles per value warp (8)
 constexpr int kQkSteps = kHeadDim / 16;                    // k-steps of S = Q K^T (36)
-constexpr int kQRegSteps = 24;                             // k-steps whose Q a score warp keeps in registers
-constexpr int kQSmemDims = kHeadDim - 16 * kQRegSteps;     // the last dims, whose Q is read from shared memory
-constexpr int kQSmemRowBytes = kQSmemDims * 2 + 16;        // padded row (ldmatrix conflict-free)
-constexpr int kQSmemPieces = kQSmemDims / 8 / 4;           // 16-byte pieces each lane of a quad copies per row
+constexpr int kScoreHalves = 2;                            // score warps per 16 rows (each owns half the dims)
+constexpr int kHalfSteps = kQkSteps / kScoreHalves;        // k-steps (and Q registers / 4) per score warp (18)
 constexpr int kFragAhead = 2;                              // k-steps a score warp loads its fragments ahead
-constexpr int kQkChains = 4;                               // independent accumulator sets per score tile
+constexpr int kQkChains = 2;                               // independent accumulator sets per score tile
 constexpr int kRowBytes = kHeadDim * 2 + 16;               // padded shared-memory row of one key
 constexpr int kChunksPerRow = kHeadDim * 2 / 16;           // 16-byte cp.async pieces per key row (72)
 constexpr int kPRowBytes = kBlockN * 2 + 16;               // padded row of P (ldmatrix conflict-free)
@@ -54,8 +52,7 @@ static_assert(kChunksPerRow % kGatherLanesPerRow == 0, "a key row must split eve
 static_assert(kGatherThreads <= kValueWarps * 32, "the value warps must cover a tile's gathers");
 constexpr float kLn2 = 0.6931471805599453f;
 
-static_assert(kQSmemDims % 32 == 0, "the quad's lanes copy the shared-memory Q dims in 16-byte pieces");
-static_assert(kQkSteps % kQkChains == 0, "k-steps must split evenly across the accumulator chains");
+static_assert(kQkSteps % kScoreHalves == 0, "the dims must split evenly across a row tile's score warps");
 static_assert(kBlockN == 16, "the P V step and the P layout assume one 16-key k-step per tile");
 
 template <int RG, int STAGES>
@@ -63,8 +60,8 @@ struct TileConfig {
   static_assert(STAGES >= 3, "tiles it - 1 and it are in use while at least one more is in flight");
   static constexpr int kAhead = STAGES - 2;             // tiles in flight while a step computes
   static constexpr int kIndexSlots = 2 * STAGES - 4;    // ring of per-tile pool-row vectors
-  static constexpr int kScoreWarps = RG;
-  static constexpr int kWarps = RG + kValueWarps;
+  static constexpr int kScoreWarps = RG * kScoreHalves;
+  static constexpr int kWarps = kScoreWarps + kValueWarps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = RG * 16;
   static constexpr int kStageBytes = kBlockN * kRowBytes;
@@ -72,8 +69,8 @@ struct TileConfig {
   static constexpr int kPOffset = STAGES * kStageBytes;
   static constexpr int kAlphaOffset = kPOffset + 2 * kPBufBytes;     // float [2][kBlockM]
   static constexpr int kStatsOffset = kAlphaOffset + 2 * kBlockM * 4;  // float [kBlockM]: 1 / row sum
-  static constexpr int kQSmemOffset = kStatsOffset + kBlockM * 4;    // bf16 [kBlockM][kQSmemDims + 8]
-  static constexpr int kIndexOffset = kQSmemOffset + kBlockM * kQSmemRowBytes;
+  static constexpr int kExchangeOffset = kStatsOffset + kBlockM * 4;  // float4 [RG][halves][2][32]: partial S
+  static constexpr int kIndexOffset = kExchangeOffset + RG * kScoreHalves * 2 * 32 * 16;
   static constexpr int kSmemBytes = kIndexOffset + kIndexSlots * kBlockN * 8;
 };
 
@@ -120,8 +117,8 @@ struct ScoreState {
   float row_sum[2];  // running sums of this lane's columns (quad-reduced at the end)
 };
 
-__device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t (&qf)[kQRegSteps][4],
-                                          uint32_t q_smem, ScoreState& st, uint32_t stage, unsigned char* p_buf, float* alpha_buf,
+__device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t (&qf)[kHalfSteps][4],
+                                          int half, float4* exchange, int pair_barrier, ScoreState& st, uint32_t stage, unsigned char* p_buf, float* alpha_buf,
                                           int local_row0, int tile_key0, int key_hi, int prefix, int q_tok0,
                                           const int (&token)[2], int lane) {
   const int g = lane / 4;
@@ -137,28 +134,19 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
     // compiler keeps their order: without this each k-step would wait out a full ldmatrix latency).
     const int key_in_tile = (lane & 7) + (lane >> 4) * 8;
     const int dim_off = ((lane >> 3) & 1) * 8;
-    const uint32_t base = stage + key_in_tile * kRowBytes + dim_off * 2;
+    const uint32_t base = stage + key_in_tile * kRowBytes + (half * kHalfSteps * 16 + dim_off) * 2;
     uint32_t kb[kFragAhead + 1][4];
-    uint32_t qa[kFragAhead + 1][4];
 #pragma unroll
-    for (int ks = 0; ks < kQkSteps + kFragAhead; ++ks) {
-      if (ks < kQkSteps) {
+    for (int ks = 0; ks < kHalfSteps + kFragAhead; ++ks) {
+      if (ks < kHalfSteps) {
         const int slot = ks % (kFragAhead + 1);
         ldmatrix_x4(base + ks * 32, kb[slot][0], kb[slot][1], kb[slot][2], kb[slot][3]);
-        if (ks >= kQRegSteps) {
-          ldmatrix_x4(q_smem + (ks - kQRegSteps) * 32, qa[slot][0], qa[slot][1], qa[slot][2], qa[slot][3]);
-        }
       }
       const int m = ks - kFragAhead;  // the k-step whose mma issues now
       if (m >= 0) {
         const int slot = m % (kFragAhead + 1);
-        if (m < kQRegSteps) {
-          mma_bf16_16816(s[m % kQkChains][0], qf[m], kb[slot][0], kb[slot][1]);
-          mma_bf16_16816(s[m % kQkChains][1], qf[m], kb[slot][2], kb[slot][3]);
-        } else {
-          mma_bf16_16816(s[m % kQkChains][0], qa[slot], kb[slot][0], kb[slot][1]);
-          mma_bf16_16816(s[m % kQkChains][1], qa[slot], kb[slot][2], kb[slot][3]);
-        }
+        mma_bf16_16816(s[m % kQkChains][0], qf[m], kb[slot][0], kb[slot][1]);
+        mma_bf16_16816(s[m % kQkChains][1], qf[m], kb[slot][2], kb[slot][3]);
       }
     }
   }
@@ -171,6 +159,26 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
     }
   }
   float(&sc)[2][4] = s[0];
+  // Swap the half-dim partial scores with the other warp of the pair; both add them in the same order, so they
+  // hold bit-identical scores and run the same softmax (each then writes half of P).
+  {
+    float4* mine = exchange + half * 64;
+    mine[lane] = make_float4(sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
+    mine[32 + lane] = make_float4(sc[1][0], sc[1][1], sc[1][2], sc[1][3]);
+    named_barrier(pair_barrier, 32 * kScoreHalves);
+    const float4* other = exchange + (1 - half) * 64;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const float4 o = other[t * 32 + lane];
+      const float4 own = make_float4(sc[t][0], sc[t][1], sc[t][2], sc[t][3]);
+      const float4 lo = half == 0 ? own : o;
+      const float4 hi = half == 0 ? o : own;
+      sc[t][0] = lo.x + hi.x;
+      sc[t][1] = lo.y + hi.y;
+      sc[t][2] = lo.z + hi.z;
+      sc[t][3] = lo.w + hi.w;
+    }
+  }
 
   // Mask (raw scores): keys past the chunk, and drafts the tree hides from this row.
   if (tile_key0 + kBlockN > prefix || tile_key0 + kBlockN > key_hi) {
@@ -210,12 +218,10 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
     }
     st.row_sum[i] = st.row_sum[i] * alpha + sum;
     const int row = local_row0 + g + 8 * i;
-    if (c == 0) alpha_buf[row] = alpha;
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      *reinterpret_cast<uint32_t*>(p_buf + row * kPRowBytes + (t * 8 + 2 * c) * 2) =
-          pack_bf16x2(sc[t][2 * i], sc[t][2 * i + 1]);
-    }
+    if (c == 0 && half == 0) alpha_buf[row] = alpha;
+    // Each warp of the pair writes one of the tile's two 8-key halves of P.
+    *reinterpret_cast<uint32_t*>(p_buf + row * kPRowBytes + (half * 8 + 2 * c) * 2) =
+        pack_bf16x2(half == 0 ? sc[0][2 * i] : sc[1][2 * i], half == 0 ? sc[0][2 * i + 1] : sc[1][2 * i + 1]);
   }
 }
 
@@ -287,7 +293,10 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
 
   if (score_role) {
     // ---------------- score warp: rows block_row0 + 16 * warp + {g, g + 8} ----------------
-    const int local_row0 = warp * 16;
+    const int half = warp % kScoreHalves;
+    const int local_row0 = warp / kScoreHalves * 16;
+    float4* exchange =
+        reinterpret_cast<float4*>(smem + Cfg::kExchangeOffset) + warp / kScoreHalves * kScoreHalves * 64;
     const bool warp_live = block_row0 + local_row0 < rows;
     int token[2];
     bool row_live[2];
@@ -297,10 +306,8 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
       row_live[i] = r < rows;
       token[i] = row_live[i] ? r / p.heads : 0;
     }
-    // Q of this warp's 16 rows for the whole KV loop: the first 16 * kQRegSteps dims in registers, the rest
-    // in shared memory (all 576 in registers would spill).
-    uint32_t qf[kQRegSteps][4];
-    unsigned char* q_smem_rows = smem + Cfg::kQSmemOffset + local_row0 * kQSmemRowBytes;
+    // Q of this warp's 16 rows and half of the dims, in registers for the whole KV loop (72 per thread).
+    uint32_t qf[kHalfSteps][4];
     {
       const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q);
 #pragma unroll
@@ -310,30 +317,19 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
         const __nv_bfloat16* qrow =
             q + static_cast<int64_t>(q_tok0 + token[i]) * p.q_stride_token + head * p.q_stride_head;
 #pragma unroll
-        for (int ks = 0; ks < kQRegSteps; ++ks) {
-          const int d0 = ks * 16 + 2 * c;
+        for (int ks = 0; ks < kHalfSteps; ++ks) {
+          const int d0 = (half * kHalfSteps + ks) * 16 + 2 * c;
           qf[ks][i] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0)) : 0u;
           qf[ks][i + 2] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0 + 8)) : 0u;
         }
-        // Shared-memory dims: each lane of the quad copies kQSmemPieces 16-byte pieces of the row.
-#pragma unroll
-        for (int piece = 0; piece < kQSmemPieces; ++piece) {
-          const int d = (c * kQSmemPieces + piece) * 8;
-          const uint4 v = row_live[i] ? __ldg(reinterpret_cast<const uint4*>(qrow + 16 * kQRegSteps + d))
-                                      : make_uint4(0u, 0u, 0u, 0u);
-          *reinterpret_cast<uint4*>(q_smem_rows + (g + 8 * i) * kQSmemRowBytes + d * 2) = v;
-        }
       }
     }
-    __syncwarp();  // only this warp reads its rows
-    const uint32_t q_smem =
-        smem_addr(q_smem_rows) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kQSmemRowBytes + (lane >> 4) * 16;
     ScoreState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
 
     for (int it = 0; it <= n_tiles; ++it) {
       __syncthreads();  // tile `it` has landed (the value threads waited for it), the buffers are free
       if (it < n_tiles && warp_live) {
-        score_tile(p, qf, q_smem, st, smem_base + (it % STAGES) * Cfg::kStageBytes, smem + Cfg::kPOffset + (it % 2) *
+        score_tile(p, qf, half, exchange, 1 + warp / kScoreHalves, st, smem_base + (it % STAGES) * Cfg::kStageBytes, smem + Cfg::kPOffset + (it % 2) *
                    Cfg::kPBufBytes, alpha_smem + (it % 2) * Cfg::kBlockM, local_row0, key_lo + it * kBlockN, key_hi,
                    prefix, q_tok0, token, lane);
       }
@@ -345,10 +341,10 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const int local = local_row0 + g + 8 * i;
-      if (c == 0) inv_sum_smem[local] = l > 0.f ? 1.f / l : 0.f;
+      if (c == 0 && half == 0) inv_sum_smem[local] = l > 0.f ? 1.f / l : 0.f;
       const float lse2 = l > 0.f ? st.row_max[i] + __log2f(l) : -INFINITY;
       const int r = block_row0 + local;
-      if (!row_live[i] || c != 0) continue;
+      if (!row_live[i] || c != 0 || half != 0) continue;
       if (p.splits == 1) {
         if (p.lse != nullptr) p.lse[out_row0 + r] = lse2 * kLn2;
       } else {
@@ -396,14 +392,15 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
     const uint32_t v_tile = smem_base + (t % STAGES) * Cfg::kStageBytes + v_lane;
     // All fragments first (P for each row tile, V for the 8 column tiles), so their shared-memory latency
     // overlaps the rescale below instead of stalling each mma.
+    constexpr int kVAhead = 2;  // V fragment pairs in registers at a time (all four would spill at RG = 3)
     uint32_t pa[RG][4];
-    uint32_t vb[kValueTiles / 2][4];
+    uint32_t vb[kVAhead][4];
 #pragma unroll
     for (int m = 0; m < RG; ++m) {
       if (tile_live[m]) ldmatrix_x4(p_tile + m * 16 * kPRowBytes, pa[m][0], pa[m][1], pa[m][2], pa[m][3]);
     }
 #pragma unroll
-    for (int pair = 0; pair < kValueTiles / 2; ++pair) {
+    for (int pair = 0; pair < kVAhead; ++pair) {
       ldmatrix_x4_trans(v_tile + pair * 32, vb[pair][0], vb[pair][1], vb[pair][2], vb[pair][3]);
     }
 #pragma unroll
@@ -424,11 +421,15 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
     }
 #pragma unroll
     for (int pair = 0; pair < kValueTiles / 2; ++pair) {
+      uint32_t(&b)[4] = vb[pair % kVAhead];
 #pragma unroll
       for (int m = 0; m < RG; ++m) {
         if (!tile_live[m]) continue;
-        mma_bf16_16816(acc[m][2 * pair], pa[m], vb[pair][0], vb[pair][1]);
-        mma_bf16_16816(acc[m][2 * pair + 1], pa[m], vb[pair][2], vb[pair][3]);
+        mma_bf16_16816(acc[m][2 * pair], pa[m], b[0], b[1]);
+        mma_bf16_16816(acc[m][2 * pair + 1], pa[m], b[2], b[3]);
+      }
+      if (pair + kVAhead < kValueTiles / 2) {
+        ldmatrix_x4_trans(v_tile + (pair + kVAhead) * 32, b[0], b[1], b[2], b[3]);
       }
     }
   }

@@ -13,12 +13,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kdtree_kernel.plan import HEAD_DIM, MAX_ROW_GROUPS, VALUE_DIM
+from kdtree_kernel.plan import HEAD_DIM, MAX_ROW_GROUPS
 
 CSRC = Path(__file__).resolve().parents[2] / "kernel" / "csrc"
 NVCC = shutil.which("nvcc")
 SMEM_LIMIT = 99 * 1024
-MAX_SPILL_BYTES = 512  # BN=32 tiles spill a few registers on sm_120 (tolerated); catches a growing frame
+# The 3-row-group block (14 warps, so 128 registers) spills ~280 bytes on sm_90a, in its prologue and a few
+# loop-invariant reloads (tolerated); this catches a growing frame.
+MAX_SPILL_BYTES = 512
 
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH")
 
@@ -47,17 +49,17 @@ def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
 
 UNITS = ("verify_attention.cu", "verify_attention_i32.cu", "verify_attention_i64.cu", "mma_rate.cu")
 KEYS_PER_TILE = 16
-STAGES = 4
+STAGES = 4  # the portable stage count (sm_120); sm_90 also gets 8, sized against its 227 KB
 
 
-def dynamic_smem_bytes(row_groups: int) -> int:
+def dynamic_smem_bytes(row_groups: int, stages: int = STAGES) -> int:
     """Mirror of TileConfig::kSmemBytes in csrc: padded KV stages, double-buffered P and rescale factors,
-    1 / row sums, the Q rope rows, the pool-row ring."""
+    1 / row sums, the score pairs' partial-score exchange, the pool-row ring."""
     rows = row_groups * 16
-    stages = STAGES * KEYS_PER_TILE * (HEAD_DIM * 2 + 16)
+    kv = stages * KEYS_PER_TILE * (HEAD_DIM * 2 + 16)
     p_and_alpha = 2 * rows * (KEYS_PER_TILE * 2 + 16) + 2 * rows * 4
-    q_rope = rows * ((HEAD_DIM - VALUE_DIM) * 2 + 16)
-    return stages + p_and_alpha + rows * 4 + q_rope + 4 * KEYS_PER_TILE * 8
+    exchange = row_groups * 2 * 2 * 32 * 16
+    return kv + p_and_alpha + rows * 4 + exchange + (2 * stages - 4) * KEYS_PER_TILE * 8
 
 
 def worst_dynamic_smem() -> int:
@@ -76,6 +78,7 @@ def test_parse_ptxas_reads_resources() -> None:
 
 def test_shared_memory_budget() -> None:
     assert worst_dynamic_smem() <= SMEM_LIMIT
+    assert dynamic_smem_bytes(MAX_ROW_GROUPS, 8) <= 227 * 1024  # the deep stages, sm_90's per-block limit
     assert dynamic_smem_bytes(3) > dynamic_smem_bytes(1)
 
 
@@ -118,7 +121,7 @@ def test_kernels_compile(arch: str, tmp_path: Path) -> None:
     assert link.returncode == 0, f"linking the kernel units failed:\n{link.stdout}{link.stderr}"
     kernels = parse_ptxas(log)
     main = {name: k for name, k in kernels.items() if "verify_attention_kernel" in name}
-    expected = 2 * MAX_ROW_GROUPS  # int32 and int64 indices
+    expected = 2 * 2 * MAX_ROW_GROUPS  # int32 / int64 indices x 4 / 8 stages
     assert len(main) == expected, f"expected {expected} instantiations, got {sorted(main)}"
     assert any("verify_combine_kernel" in name for name in kernels)
     assert any("mma_rate_kernel" in name for name in kernels)
