@@ -5,24 +5,29 @@
 // read from DRAM once per chunk, not once per head. Small batches split the KV range into chunks (grid.y) and
 // a combine kernel merges the partial softmaxes (LSE-weighted).
 //
-// Warp roles (warp-specialised, so no warp holds both a whole Q row block and a whole O tile in registers):
-// - RG score warps. Each owns 16 rows and keeps their full 576-dim Q in registers (the K operand is then the
-//   only shared-memory read of S = Q K^T, 32 B per row and key), runs the online softmax for its rows and
-//   writes P (bf16) and the per-row rescale factor to shared memory.
+// Warp roles (warp-specialised, so no warp holds both a row block's Q and an O tile in registers):
+// - 2 * RG score warps. A pair owns 16 rows; each keeps half of their 576-dim Q in registers (so K is the only
+//   shared-memory operand of S = Q K^T), computes the partial scores over its half, and the pair swaps them
+//   through shared memory and adds them in one order, so both hold the same S. Both run the online softmax;
+//   each writes half of P (bf16) and one writes the rows' rescale factors.
 // - 8 value warps. Each owns 64 of the 512 output columns for all 16*RG rows; one V fragment it loads serves
 //   RG row tiles, and P arrives through ldmatrix.
 // The two roles run one tile apart: in step `it` the score warps work on tile it while the value warps
-// finish tile it - 1, so the scores' softmax and the PV products overlap; P and the rescale factors are
-// double-buffered. The previous design (4 warps per 16 rows splitting the 576 dims, partial scores swapped
-// through shared memory) was limited by shared-memory traffic (ncu: L1 pipe 70% busy, DRAM 20%).
+// finish tile it - 1; P and the rescale factors are double-buffered.
+//
+// Measured (H200, kernel/bench/probe_memory.py and results-h200.md): neither DRAM nor the shared-memory pipe
+// is the limit. With the gathers switched off the time barely moves, and the loop skeleton alone (barriers,
+// waits) costs ~0.2 us per 16-key step; the S and P V mma.sync chains of each step are what remains, at ~25%
+// of the measured mma.sync rate. The previous design (4 warps per 16 rows splitting the dims, 32-key tiles)
+// ran within 15% of this one on every case.
 //
 // Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows padded by 16 bytes, so the 8 row
 // reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
-// STAGES - 2 tiles in flight as cp.async gathers. The bytes in flight per SM set the bandwidth a gather of
-// scattered pool rows reaches (measured: 4 stages, 37 KB in flight, ran at ~1.8 TB/s on the H200 whatever
-// the compute), so the host picks 8 stages where the GPU lets a block have that much shared memory (sm_90:
-// 227 KB) and 4 where it does not (sm_120: 99 KB). The pool rows a gather needs are staged STAGES - 2 steps
-// earlier (cp.async into a ring), so no thread waits on an index load before issuing its copies.
+// STAGES - 2 tiles in flight as cp.async gathers. The host picks 8 stages where a block may have that much
+// shared memory (sm_90: 227 KB) and 4 where it may not (sm_120: 99 KB). On the H200 today the two counts time
+// within ~2% of each other (the kernel is not memory-bound yet); the deeper ring is there for when it is.
+// The pool rows a gather needs are staged STAGES - 2 steps earlier (cp.async into a ring), so no thread
+// waits on an index load before issuing its copies.
 #pragma once
 
 #include <cuda_bf16.h>
