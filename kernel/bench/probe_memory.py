@@ -3,7 +3,7 @@
 Times, on one large batch (default bs 64 x 8192 keys): a contiguous copy of the pool, a gather of the batch's
 random pool rows (torch index_select), the same gather with each request's rows sorted, and the verify kernel
 for several (q_len, heads) shapes with its rows as a random permutation of the pool, contiguous, or in runs of
-64, and with the portable 4 shared-memory stages. Prints one JSON line per measurement.
+64. Prints one JSON line per measurement.
 
     python3 kernel/bench/probe_memory.py --bs 64 --prefix 8192
 """
@@ -13,11 +13,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 
 import torch
 from kdtree_kernel import verify_attention
-from kdtree_kernel.ops import STAGES_ENV
 from kdtree_kernel.testing import make_case
 
 SM_SCALE = 0.14468
@@ -82,8 +80,7 @@ def main() -> None:
     for q_len, heads in ((1, 8), (9, 8), (32, 8)):
         case = make_case(args.bs, args.prefix, q_len, heads)
         out = torch.empty(case.q.shape[0], heads, 512, dtype=case.q.dtype, device=case.q.device)
-        for order, stages in (("random", ""), ("random", "4"), ("contiguous", ""), ("runs64", "")):
-            os.environ[STAGES_ENV] = stages
+        for order in ("random", "contiguous", "runs64"):
             indices = reordered(case.kv_indices, order)
 
             def call(indices: torch.Tensor = indices, case=case, out=out) -> None:
@@ -105,14 +102,13 @@ def main() -> None:
             print(
                 json.dumps(
                     {
-                        "what": f"kernel q{q_len} H{heads} {order} stages={stages or 'auto'}",
+                        "what": f"kernel q{q_len} H{heads} {order}",
                         "us": round(us, 1),
                         "kv_GBps": round(kv_bytes / us / 1e3),
                     }
                 ),
                 flush=True,
             )
-        os.environ.pop(STAGES_ENV, None)
         del case, out
         torch.cuda.empty_cache()
 

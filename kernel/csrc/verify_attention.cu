@@ -9,25 +9,9 @@
 namespace kdtree {
 namespace {
 
-VerifyKernelFn kernel_for(int row_groups, int stages, bool int64_indices) {
-  return int64_indices ? verify_kernel_i64(row_groups, stages) : verify_kernel_i32(row_groups, stages);
+VerifyKernelFn kernel_for(int row_groups, bool int64_indices) {
+  return int64_indices ? verify_kernel_i64(row_groups) : verify_kernel_i32(row_groups);
 }
-
-template <int STAGES>
-int smem_bytes_for(int row_groups) {
-  switch (row_groups) {
-    case 1:
-      return TileConfig<1, STAGES>::kSmemBytes;
-    case 2:
-      return TileConfig<2, STAGES>::kSmemBytes;
-    case 3:
-      return TileConfig<3, STAGES>::kSmemBytes;
-    default:
-      return 0;
-  }
-}
-
-constexpr int kMaxDevices = 64;
 
 int threads_for(int row_groups) { return (row_groups * kScoreHalves + kValueWarps) * 32; }
 
@@ -67,29 +51,23 @@ __global__ void __launch_bounds__(128) verify_combine_kernel(const VerifyParams 
   if (p.lse != nullptr && threadIdx.x == 0) p.lse[out_row] = total > 0.f ? (base + __log2f(total)) * kLn2 : -INFINITY;
 }
 
-int verify_smem_bytes(int row_groups, int stages) {
-  if (stages == kPortableStages) return smem_bytes_for<kPortableStages>(row_groups);
-  if (stages == kDeepStages) return smem_bytes_for<kDeepStages>(row_groups);
-  return 0;
-}
-
-int verify_stages() {
-  static int cached[kMaxDevices] = {};  // 0: not asked yet
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return kPortableStages;
-  if (device < kMaxDevices && cached[device] != 0) return cached[device];
-  int optin = 0;
-  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  const int stages = optin >= verify_smem_bytes(kMaxRowGroups, kDeepStages) ? kDeepStages : kPortableStages;
-  if (device < kMaxDevices) cached[device] = stages;
-  return stages;
+int verify_smem_bytes(int row_groups) {
+  switch (row_groups) {
+    case 1:
+      return TileConfig<1, kStages>::kSmemBytes;
+    case 2:
+      return TileConfig<2, kStages>::kSmemBytes;
+    case 3:
+      return TileConfig<3, kStages>::kSmemBytes;
+    default:
+      return 0;
+  }
 }
 
 int verify_blocks_per_sm(int row_groups) {
-  const int stages = verify_stages();
-  VerifyKernelFn fn = kernel_for(row_groups, stages, false);
+  VerifyKernelFn fn = kernel_for(row_groups, false);
   if (fn == nullptr) return 0;
-  const int smem = verify_smem_bytes(row_groups, stages);
+  const int smem = verify_smem_bytes(row_groups);
   if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return 0;
   int blocks = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads_for(row_groups), smem) != cudaSuccess) {
@@ -103,10 +81,9 @@ cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream) 
       p.splits < 1 || p.chunk_keys < 0 || p.chunk_keys % kChunkAlign != 0 || p.row_blocks < 1) {
     return cudaErrorInvalidValue;
   }
-  const int stages = p.stages == 0 ? verify_stages() : p.stages;
-  VerifyKernelFn fn = kernel_for(p.row_groups, stages, p.indices_are_int64 != 0);
+  VerifyKernelFn fn = kernel_for(p.row_groups, p.indices_are_int64 != 0);
   if (fn == nullptr) return cudaErrorInvalidValue;
-  const int smem = verify_smem_bytes(p.row_groups, stages);
+  const int smem = verify_smem_bytes(p.row_groups);
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.row_blocks, p.splits, p.bs);

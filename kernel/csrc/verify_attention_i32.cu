@@ -4,28 +4,19 @@
 #include "verify_attention_tiles.h"
 
 namespace kdtree {
-namespace {
 
-template <int STAGES>
-VerifyKernelFn pick(int row_groups) {
+VerifyKernelFn verify_kernel_i32(int row_groups) {
   switch (row_groups) {
     case 1:
-      return verify_attention_kernel<1, STAGES, int32_t>;
+      return verify_attention_kernel<1, kStages, int32_t>;
     case 2:
-      return verify_attention_kernel<2, STAGES, int32_t>;
+      return verify_attention_kernel<2, kStages, int32_t>;
     case 3:
-      return verify_attention_kernel<3, STAGES, int32_t>;
+      return verify_attention_kernel<3, kStages, int32_t>;
     default:
       return nullptr;
   }
 }
 
-}  // namespace
-
-VerifyKernelFn verify_kernel_i32(int row_groups, int stages) {
-  if (stages == kPortableStages) return pick<kPortableStages>(row_groups);
-  if (stages == kDeepStages) return pick<kDeepStages>(row_groups);
-  return nullptr;
-}
 
 }  // namespace kdtree

@@ -19,15 +19,14 @@
 // is the limit. With the gathers switched off the time barely moves, and the loop skeleton alone (barriers,
 // waits) costs ~0.2 us per 16-key step; the S and P V mma.sync chains of each step are what remains, at ~25%
 // of the measured mma.sync rate. The previous design (4 warps per 16 rows splitting the dims, 32-key tiles)
-// ran within 15% of this one on every case.
+// was 5-15% slower on every benchmark case.
 //
 // Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows padded by 16 bytes, so the 8 row
 // reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
-// STAGES - 2 tiles in flight as cp.async gathers. The host picks 8 stages where a block may have that much
-// shared memory (sm_90: 227 KB) and 4 where it may not (sm_120: 99 KB). On the H200 today the two counts time
-// within ~2% of each other (the kernel is not memory-bound yet); the deeper ring is there for when it is.
-// The pool rows a gather needs are staged STAGES - 2 steps earlier (cp.async into a ring), so no thread
-// waits on an index load before issuing its copies.
+// STAGES - 2 tiles in flight as cp.async gathers (kStages = 4 on every GPU: 8 stages, or 32-key tiles, on
+// sm_90 timed within 2% on the H200, so one config serves sm_90 and sm_120). The pool rows a gather needs are
+// staged STAGES - 2 steps earlier (cp.async into a ring), so no thread waits on an index load before issuing
+// its copies.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -79,8 +78,7 @@ struct TileConfig {
   static constexpr int kSmemBytes = kIndexOffset + kIndexSlots * kBlockN * 8;
 };
 
-static_assert(TileConfig<kMaxRowGroups, kPortableStages>::kSmemBytes <= 99 * 1024,
-              "the widest block with the portable stage count must fit sm_120's 99 KB");
+static_assert(TileConfig<kMaxRowGroups, kStages>::kSmemBytes <= 99 * 1024, "the widest block must fit sm_120's 99 KB");
 
 // Gathers one tile's key rows (pool rows already staged in shared memory) with 16-byte cp.async. Issued by
 // the first kGatherThreads value threads (vtid = index among the value threads): 8 lanes per key row, each

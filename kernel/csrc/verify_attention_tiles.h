@@ -7,8 +7,8 @@ namespace kdtree {
 
 using VerifyKernelFn = void (*)(const VerifyParams);
 
-// Row groups 1..kMaxRowGroups, stages kPortableStages or kDeepStages; nullptr for anything else.
-VerifyKernelFn verify_kernel_i32(int row_groups, int stages);  // verify_attention_i32.cu
-VerifyKernelFn verify_kernel_i64(int row_groups, int stages);  // verify_attention_i64.cu
+// Row groups 1..kMaxRowGroups; nullptr for anything else.
+VerifyKernelFn verify_kernel_i32(int row_groups);  // verify_attention_i32.cu
+VerifyKernelFn verify_kernel_i64(int row_groups);  // verify_attention_i64.cu
 
 }  // namespace kdtree

@@ -23,10 +23,6 @@ from .plan import (
 # kv_len) instead of fixed chunks sized for max_prefix_len. Faster for short requests replayed in a graph
 # captured for a long bound; off by default until it has been timed (it passes the same GPU tests).
 ADAPTIVE_CHUNKS_ENV = "KDTREE_ADAPTIVE_CHUNKS"
-# Shared-memory KV stages: unset (the default) lets the extension take the deepest the GPU allows (8 on sm_90,
-# 4 on sm_120); "4" forces the portable count, e.g. to time on an H200 what an RTX PRO 6000 runs.
-STAGES_ENV = "KDTREE_STAGES"
-STAGE_COUNTS = (4, 8)
 
 
 @functools.cache
@@ -76,15 +72,6 @@ def workspace_size(
     return max_workspace_bytes(
         bs, q_len, heads, max_prefix_len, num_sms=_num_sms(index), blocks_per_sm=_blocks_per_sm(row_groups)
     )
-
-
-def _stages() -> int:
-    raw = os.environ.get(STAGES_ENV, "")
-    if not raw:
-        return 0
-    if not raw.isdigit() or int(raw) not in STAGE_COUNTS:
-        raise ValueError(f"{STAGES_ENV} must be one of {STAGE_COUNTS} or unset, got {raw!r}")
-    return int(raw)
 
 
 def _check_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, q_len: int, v_head_dim: int) -> None:
@@ -156,6 +143,5 @@ def verify_attention(
         plan.row_blocks,
         plan.splits,
         0 if os.environ.get(ADAPTIVE_CHUNKS_ENV) == "1" else plan.chunk_keys,
-        _stages(),
     )
     return out
