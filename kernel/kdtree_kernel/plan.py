@@ -3,7 +3,7 @@ device tensors (CUDA-graph safe: capture with the worst-case ``max_prefix_len``;
 exit at once).
 
 A block serves one request, up to 48 (token, head) rows of it (``row_groups`` x 16) and one chunk of its keys:
-``row_groups`` score warps plus 8 value warps (csrc/verify_attention_kernel.cuh).
+two score warps per row group plus 8 value warps (csrc/verify_attention_kernel.cuh).
 Small batches split the keys into ``splits`` chunks so the grid fills the GPU; a combine kernel merges them.
 """
 
@@ -29,7 +29,7 @@ BYTES_PER_TILE_STEP = 4.9e6
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    row_groups: int  # 16-row groups per block (1..3): threads = 32 * (row_groups + 8)
+    row_groups: int  # 16-row groups per block (1..3): threads = 32 * (2 * row_groups + 8)
     row_blocks: int  # blocks along one request's q_len * heads rows
     splits: int  # KV chunks per request (grid.y)
     chunk_keys: int  # keys per chunk, a multiple of BLOCK_N
