@@ -313,7 +313,12 @@ def test_sigint_mid_deploy_releases_lock(tb2: HostConfig, good_tree: Path, good_
         time.sleep(0.2)
     time.sleep(2)  # now in the build step
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # never leave it running against tb2 for the tests that follow
+        _, err = proc.communicate()
+        raise AssertionError(f"deploy did not stop within 60 s of SIGINT; stderr tail:\n{err[-2000:]}") from None
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     snap = assert_healthy(tb2, good_id)  # lock released, current unchanged
     assert snap.unit.invocation_id == before.unit.invocation_id
