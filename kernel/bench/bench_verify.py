@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 import triton
-from kdtree_kernel import load_extension, verify_attention, verify_attention_reference, workspace_size
+from kdtree_kernel import load_extension, verify_attention_reference, workspace_size
 from kdtree_kernel.plan import HEAD_DIM, VALUE_DIM
 from kdtree_kernel.testing import VerifyCase, make_case, rel_error
 
@@ -149,19 +149,7 @@ class CaseRunner:
         self.c = c
 
     def ours(self, x: VerifyCase) -> Callable[[], object]:
-        return lambda: verify_attention(
-            x.q,
-            x.kv_buffer,
-            x.kv_indptr,
-            x.kv_indices,
-            x.qo_indptr,
-            x.draft_mask,
-            SM_SCALE,
-            q_len=x.q_len,
-            max_prefix_len=x.max_prefix,
-            out=self.out,
-            workspace=self.ws,
-        )
+        return lambda: x.run_kernel(SM_SCALE, out=self.out, workspace=self.ws)
 
     def triton_extend(self, extend, x: VerifyCase, k_ext: torch.Tensor) -> Callable[[], object]:
         v_ext = k_ext[..., :VALUE_DIM]

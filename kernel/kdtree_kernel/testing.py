@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 
 from .mask import pack_draft_mask
+from .ops import verify_attention
 from .plan import HEAD_DIM, VALUE_DIM
 
 MaskKind = Literal["tree", "chain", "star"]
@@ -65,6 +66,22 @@ class VerifyCase:
     @property
     def kv_tokens(self) -> int:
         return sum(self.prefix_lens) + self.bs * self.q_len
+
+    def run_kernel(self, sm_scale: float, *, kv_indices: torch.Tensor | None = None, **kwargs: object) -> torch.Tensor:
+        """verify_attention on this case (its own pool rows unless ``kv_indices`` replaces them), with the
+        grid planned for its longest prefix; ``kwargs`` (out, lse, workspace) go to the op as they are."""
+        return verify_attention(
+            self.q,
+            self.kv_buffer,
+            self.kv_indptr,
+            self.kv_indices if kv_indices is None else kv_indices,
+            self.qo_indptr,
+            self.draft_mask,
+            sm_scale,
+            q_len=self.q_len,
+            max_prefix_len=self.max_prefix,
+            **kwargs,  # type: ignore[arg-type]
+        )
 
 
 def make_case(

@@ -1,0 +1,29 @@
+"""VerifyCase.run_kernel hands the case's own tensors (or the replacement pool rows) to verify_attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kdtree_kernel import testing
+from kdtree_kernel.testing import make_case
+
+
+@pytest.mark.parametrize("replace_rows", [False, True])
+def test_run_kernel_forwards_the_case(monkeypatch: pytest.MonkeyPatch, replace_rows: bool) -> None:
+    case = make_case(2, 7, 3, 2, ragged=True, device="cpu", seed=4)
+    seen: dict[str, object] = {}
+
+    def fake(*args: object, **kwargs: object) -> str:
+        seen["args"], seen["kwargs"] = args, kwargs
+        return "out"
+
+    monkeypatch.setattr(testing, "verify_attention", fake)
+    rows = torch.flip(case.kv_indices, [0]) if replace_rows else None
+    marker = torch.zeros(1)
+    assert case.run_kernel(0.5, kv_indices=rows, out=marker) == "out"
+    args = seen["args"]
+    assert isinstance(args, tuple)
+    expected = (case.q, case.kv_buffer, case.kv_indptr, case.kv_indices if rows is None else rows)
+    assert all(a is b for a, b in zip(args[:4], expected, strict=True))
+    assert args[4] is case.qo_indptr and args[5] is case.draft_mask and args[6] == 0.5
+    assert seen["kwargs"] == {"q_len": 3, "max_prefix_len": case.max_prefix, "out": marker}
