@@ -52,14 +52,14 @@ KEYS_PER_TILE = 16
 STAGES = 4
 
 
-def dynamic_smem_bytes(row_groups: int, stages: int = STAGES) -> int:
+def dynamic_smem_bytes(row_groups: int) -> int:
     """Mirror of TileConfig::kSmemBytes in csrc: padded KV stages, double-buffered P and rescale factors,
     1 / row sums, the score pairs' partial-score exchange, the pool-row ring."""
     rows = row_groups * 16
-    kv = stages * KEYS_PER_TILE * (HEAD_DIM * 2 + 16)
+    kv = STAGES * KEYS_PER_TILE * (HEAD_DIM * 2 + 16)
     p_and_alpha = 2 * rows * (KEYS_PER_TILE * 2 + 16) + 2 * rows * 4
     exchange = row_groups * 2 * 2 * 32 * 16
-    return kv + p_and_alpha + rows * 4 + exchange + (2 * stages - 4) * KEYS_PER_TILE * 8
+    return kv + p_and_alpha + rows * 4 + exchange + (2 * STAGES - 4) * KEYS_PER_TILE * 8
 
 
 def worst_dynamic_smem() -> int:
