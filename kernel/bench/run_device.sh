@@ -40,6 +40,45 @@ for stage in $stages; do
           python3 kernel/bench/profile_case.py --bs $1 --prefix $2 --q-len $3 > "$OUT/ncu-bs$1-q$3.txt" 2>&1
         grep -E "Duration|issue_stalled|Throughput" "$OUT/ncu-bs$1-q$3.txt" | sort -k3 -n -r | head -40
       done ;;
+    profile-source)
+      # Per-SASS-instruction stall samples of the bs 64 x 8192 q 9 case (where the warps wait, by instruction).
+      ncu --clock-control none -k regex:verify_attention_kernel -s 1 -c 1 --import-source no --set full \
+        -o /tmp/ncu-source python3 kernel/bench/profile_case.py --bs 64 --prefix 8192 --q-len 9 > "$OUT/ncu-source.log" 2>&1
+      ncu -i /tmp/ncu-source.ncu-rep --page source --csv --print-source sass > "$OUT/ncu-sass.csv" 2>&1
+      ncu -i /tmp/ncu-source.ncu-rep --page details > "$OUT/ncu-details.txt" 2>&1
+      head -3 "$OUT/ncu-sass.csv"; wc -l "$OUT/ncu-sass.csv"; grep -E "Duration|SM Frequency|Issue Slots|Eligible" "$OUT/ncu-details.txt" ;;
+    ab)
+      # Kernel-only A/B: every source tree under .ab/ (saved kernel/csrc copies) against the working tree,
+      # built side by side, then timed alternately (two rounds) by ab_kernel.py.
+      pids=()
+      python3 deploy/build_extension.py --arch 9.0 --out kernel/build --log "$OUT/build.log" --timeout 420 --jobs 4 &
+      pids+=($!)
+      for d in .ab/*/; do
+        python3 deploy/build_extension.py --arch 9.0 --source-dir "$d" --out "${d}build" --log "$OUT/build-$(basename "$d").log" --timeout 420 --jobs 4 &
+        pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid" || exit 12; done
+      stamp "ab built"
+      for check in "" --no-check; do
+        for d in kernel/build .ab/*/build; do
+          label=$( [ "$d" = kernel/build ] && echo new || basename "$(dirname "$d")" )
+          KDTREE_EXT_DIR="$PWD/$d" python3 kernel/bench/ab_kernel.py --label "$label" --out "$OUT/ab.jsonl" $check > /dev/null 2>> "$OUT/ab.log" || tail -20 "$OUT/ab.log"
+        done
+      done
+      python3 - "$OUT/ab.jsonl" <<'PY'
+import json, sys, collections
+rows = [json.loads(l) for l in open(sys.argv[1])]
+best = collections.defaultdict(dict)
+for r in rows:
+    key = (r["bs"], r["prefix"], r["q_len"], r["heads"])
+    best[key][r["label"]] = min(best[key].get(r["label"], 1e9), r["us"])
+labels = sorted({r["label"] for r in rows})
+print("case", *labels, sep="\t")
+for key, t in best.items():
+    print(key, *(t.get(l) for l in labels), sep="\t")
+print("max rel err", {l: max(r["rel_err"] or 0 for r in rows if r["label"] == l) for l in labels})
+PY
+      ;;
     all-tests)
       python3 -m pytest -m gpu tests/ -v --timeout 300 2>&1 | tee "$OUT/gpu-tests-h200.log" | tail -25 ;;
   esac

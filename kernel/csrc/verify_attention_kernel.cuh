@@ -21,8 +21,8 @@
 // of the measured mma.sync rate. The previous design (4 warps per 16 rows splitting the dims, 32-key tiles)
 // was 5-15% slower on every benchmark case.
 //
-// Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows padded by 16 bytes, so the 8 row
-// reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
+// Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows swizzled, see swizzled_piece, so the
+// 8 row reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
 // STAGES - 2 tiles in flight as cp.async gathers (kStages = 4 on every GPU: 8 stages, or 32-key tiles, on
 // sm_90 timed within 2% on the H200, so one config serves sm_90 and sm_120). The pool rows a gather needs are
 // staged STAGES - 2 steps earlier (cp.async into a ring), so no thread waits on an index load before issuing
@@ -47,14 +47,42 @@ constexpr int kScoreHalves = 2;                            // score warps per 16
 constexpr int kHalfSteps = kQkSteps / kScoreHalves;        // k-steps (and Q registers / 4) per score warp (18)
 constexpr int kFragAhead = 2;                              // k-steps a score warp loads its fragments ahead
 constexpr int kQkChains = 2;                               // independent accumulator sets per score tile
-constexpr int kRowBytes = kHeadDim * 2 + 16;               // padded shared-memory row of one key
+constexpr int kRowBytes = kHeadDim * 2;                    // shared-memory row of one key (9 x 128 bytes)
 constexpr int kChunksPerRow = kHeadDim * 2 / 16;           // 16-byte cp.async pieces per key row (72)
 constexpr int kPRowBytes = kBlockN * 2 + 16;               // padded row of P (ldmatrix conflict-free)
 constexpr int kGatherLanesPerRow = 8;                      // threads that copy one key row (9 pieces each)
 constexpr int kGatherThreads = kBlockN * kGatherLanesPerRow;  // value threads that issue the gathers (128)
-static_assert(kChunksPerRow % kGatherLanesPerRow == 0, "a key row must split evenly across its copy lanes");
+static_assert(kGatherLanesPerRow == 8, "a copy lane owns one 16-byte piece of every 128-byte line of its row");
+static_assert(kHeadDim % 64 == 0, "each score warp of a pair takes two of the four k-steps of every 128-byte line");
 static_assert(kGatherThreads <= kValueWarps * 32, "the value warps must cover a tile's gathers");
 constexpr float kLn2 = 0.6931471805599453f;
+
+// Key rows sit unpadded in shared memory, 128-byte aligned, with the eight 16-byte pieces of each 128-byte line
+// permuted by the row's index mod 8 (XOR). The 8 rows one ldmatrix reads at the same logical piece then hit 8
+// distinct bank groups, and every gather writes whole aligned 128-byte lines. (Padded rows, the previous layout,
+// left cp.async writing lines that straddle 128-byte boundaries: ncu counted 2.6x the ideal shared-memory
+// wavefronts for the gathers.) Byte offset, within its key row, of logical piece `piece` of row `row`:
+__device__ __forceinline__ uint32_t swizzled_piece(int piece, int row) {
+  return static_cast<uint32_t>(piece ^ (row & 7)) * 16;
+}
+
+// Warp roles. Scheduler s of an SM issues for warps s, s + 4, ... (warp % 4). Score warps (36 mma per step
+// each) and value warps (8 * RG) are placed so that the four schedulers get near-equal tensor work: with RG = 3
+// (14 warps) score warps {0, 1, 2, 3, 6, 7} give 108 / 108 / 96 / 96 mma per step, where warps 0..5 gave
+// 120 / 120 / 84 / 84 (ncu: the score warps on the two loaded schedulers were the critical path). Returns the
+// warp's index within its role.
+template <int RG>
+__device__ __forceinline__ int score_slot(int warp) {
+  if constexpr (RG == 1) return warp == 2 || warp == 3 ? warp - 2 : -1;
+  if constexpr (RG == 3) return warp < 4 ? warp : (warp == 6 || warp == 7 ? warp - 2 : -1);
+  return warp < 2 * RG ? warp : -1;
+}
+template <int RG>
+__device__ __forceinline__ int value_slot(int warp) {
+  if constexpr (RG == 1) return warp < 2 ? warp : warp - 2;
+  if constexpr (RG == 3) return warp < 6 ? warp - 4 : warp - 6;
+  return warp - 2 * RG;
+}
 
 static_assert(kQkSteps % kScoreHalves == 0, "the dims must split evenly across a row tile's score warps");
 static_assert(kBlockN == 16, "the P V step and the P layout assume one 16-key k-step per tile");
@@ -94,11 +122,11 @@ __device__ __forceinline__ void gather_tile(uint32_t stage, const __nv_bfloat16*
   const bool live = tile_key0 + row < key_hi;
   const int64_t pool_row = live ? static_cast<int64_t>(rows[row]) : 0;
   const __nv_bfloat16* src = kv + pool_row * row_stride + lane * 8;
-  const uint32_t dst = stage + row * kRowBytes + lane * 16;
+  const uint32_t dst = stage + row * kRowBytes + swizzled_piece(lane, row);
   const int bytes = live ? 16 : 0;
 #pragma unroll
   for (int j = 0; j < kChunksPerRow / kGatherLanesPerRow; ++j) {
-    cp_async_16(dst + j * kGatherLanesPerRow * 16, src + j * kGatherLanesPerRow * 8, bytes);
+    cp_async_16(dst + j * 128, src + j * kGatherLanesPerRow * 8, bytes);
   }
 }
 
@@ -113,6 +141,19 @@ __device__ __forceinline__ void fetch_tile_rows(uint32_t slot, const IdxT* indic
   }
 }
 
+// The dims of a score pair: in every 128-byte line (4 k-steps of 16 dims) warp `half` takes k-steps 2 * half
+// and 2 * half + 1, so its k-step m is global k-step score_k_step(m, half). k_lane[e] is this lane's ldmatrix
+// offset, within a stage, of piece pair e of line 0 (line q adds q * 128): lanes 0-7 and 16-23 read the
+// first 8 dims, 8-15 and 24-31 the next 8, of keys lane % 8 (+ 8 for lanes 16-31).
+__device__ __forceinline__ constexpr int score_k_step(int m, int half) { return 4 * (m / 2) + 2 * half + m % 2; }
+
+__device__ __forceinline__ void score_k_lanes(int half, int lane, uint32_t (&k_lane)[2]) {
+  const int key = (lane & 7) + (lane >> 4) * 8;
+  const int hi = (lane >> 3) & 1;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) k_lane[e] = key * kRowBytes + swizzled_piece(4 * half + 2 * e + hi, key);
+}
+
 // Score role, one tile: S = Q K^T for 16 rows x 16 keys, tree mask, online softmax; P and the rows' rescale
 // factors go to shared memory for the value warps.
 struct ScoreState {
@@ -121,7 +162,9 @@ struct ScoreState {
 };
 
 __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t (&qf)[kHalfSteps][4],
-                                          int half, float4* exchange, int pair_barrier, ScoreState& st, uint32_t stage, unsigned char* p_buf, float* alpha_buf,
+                                          const uint32_t (&k_lane)[2], int half, float4* exchange,
+                                          int pair_barrier, ScoreState& st, uint32_t stage, unsigned char* p_buf,
+                                          float* alpha_buf,
                                           int local_row0, int tile_key0, int key_hi, int prefix, int q_tok0,
                                           const int (&token)[2], int lane) {
   const int g = lane / 4;
@@ -135,15 +178,13 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
   {
     // Fragments are loaded kFragAhead k-steps before their mma (ldmatrix and mma are volatile asm, so the
     // compiler keeps their order: without this each k-step would wait out a full ldmatrix latency).
-    const int key_in_tile = (lane & 7) + (lane >> 4) * 8;
-    const int dim_off = ((lane >> 3) & 1) * 8;
-    const uint32_t base = stage + key_in_tile * kRowBytes + (half * kHalfSteps * 16 + dim_off) * 2;
+    // Local k-step m is line m / 2, piece pair m % 2 of this warp's half (see score_k_lanes).
     uint32_t kb[kFragAhead + 1][4];
 #pragma unroll
     for (int ks = 0; ks < kHalfSteps + kFragAhead; ++ks) {
       if (ks < kHalfSteps) {
         const int slot = ks % (kFragAhead + 1);
-        ldmatrix_x4(base + ks * 32, kb[slot][0], kb[slot][1], kb[slot][2], kb[slot][3]);
+        ldmatrix_x4(stage + k_lane[ks % 2] + (ks / 2) * 128, kb[slot][0], kb[slot][1], kb[slot][2], kb[slot][3]);
       }
       const int m = ks - kFragAhead;  // the k-step whose mma issues now
       if (m >= 0) {
@@ -262,8 +303,10 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
   float* alpha_smem = reinterpret_cast<float*>(smem + Cfg::kAlphaOffset);
   float* inv_sum_smem = reinterpret_cast<float*>(smem + Cfg::kStatsOffset);
 
-  const bool score_role = warp < Cfg::kScoreWarps;
-  const int vtid = tid - Cfg::kScoreWarps * 32;
+  const int score_warp = score_slot<RG>(warp);  // index among the score warps, or -1
+  const bool score_role = score_warp >= 0;
+  const int value_warp = value_slot<RG>(warp);
+  const int vtid = value_warp * 32 + lane;  // index among the value threads (gathers, pool rows)
 
   // Prologue (value threads): pool rows of the first kIndexSlots tiles, then the gathers of tiles
   // 0 .. kAhead - 1, one cp.async group each. Step j later commits one group: the gather of tile j + kAhead
@@ -296,10 +339,11 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
 
   if (score_role) {
     // ---------------- score warp: rows block_row0 + 16 * warp + {g, g + 8} ----------------
-    const int half = warp % kScoreHalves;
-    const int local_row0 = warp / kScoreHalves * 16;
+    const int pair = score_warp / kScoreHalves;
+    const int half = score_warp % kScoreHalves;
+    const int local_row0 = pair * 16;
     float4* exchange =
-        reinterpret_cast<float4*>(smem + Cfg::kExchangeOffset) + warp / kScoreHalves * kScoreHalves * 64;
+        reinterpret_cast<float4*>(smem + Cfg::kExchangeOffset) + pair * kScoreHalves * 64;
     const bool warp_live = block_row0 + local_row0 < rows;
     int token[2];
     bool row_live[2];
@@ -321,18 +365,20 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
             q + static_cast<int64_t>(q_tok0 + token[i]) * p.q_stride_token + head * p.q_stride_head;
 #pragma unroll
         for (int ks = 0; ks < kHalfSteps; ++ks) {
-          const int d0 = (half * kHalfSteps + ks) * 16 + 2 * c;
+          const int d0 = score_k_step(ks, half) * 16 + 2 * c;
           qf[ks][i] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0)) : 0u;
           qf[ks][i + 2] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0 + 8)) : 0u;
         }
       }
     }
     ScoreState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
+    uint32_t k_lane[2];
+    score_k_lanes(half, lane, k_lane);
 
     for (int it = 0; it <= n_tiles; ++it) {
       __syncthreads();  // tile `it` has landed (the value threads waited for it), the buffers are free
       if (it < n_tiles && warp_live) {
-        score_tile(p, qf, half, exchange, 1 + warp / kScoreHalves, st, smem_base + (it % STAGES) * Cfg::kStageBytes, smem + Cfg::kPOffset + (it % 2) *
+        score_tile(p, qf, k_lane, half, exchange, 1 + pair, st, smem_base + (it % STAGES) * Cfg::kStageBytes, smem + Cfg::kPOffset + (it % 2) *
                    Cfg::kPBufBytes, alpha_smem + (it % 2) * Cfg::kBlockM, local_row0, key_lo + it * kBlockN, key_hi,
                    prefix, q_tok0, token, lane);
       }
@@ -359,7 +405,7 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
   }
 
   // ---------------- value warp: output columns col0 .. col0 + 63 of all the block's rows ----------------
-  const int col0 = (warp - Cfg::kScoreWarps) * kValueCols;
+  const int col0 = value_warp * kValueCols;
   bool tile_live[RG];
 #pragma unroll
   for (int m = 0; m < RG; ++m) tile_live[m] = block_row0 + m * 16 < rows;
@@ -371,7 +417,11 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
   }
   // ldmatrix lane addresses: P (A operand, rows x keys) and V (B operand through .trans, keys x columns).
   const uint32_t p_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * kPRowBytes + (lane >> 4) * 16;
-  const uint32_t v_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (col0 + (lane >> 4) * 8) * 2;
+  // V: lanes 0-15 read keys lane % 16 at the pair's first 8 columns, 16-31 the next 8; the value warp's 64
+  // columns are one 128-byte line, and pair j's pieces are 2 j and 2 j + 1 of it (swizzled by the key).
+  const int v_key = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const uint32_t v_lane = v_key * kRowBytes + col0 * 2;
+  const uint32_t v_piece = swizzled_piece(lane >> 4, v_key);  // pair j: v_piece ^ (j * 32)
 
   for (int it = 0; it <= n_tiles; ++it) {
     // Group j holds tile j (j < kAhead: prologue; else committed by step j - kAhead): all but the newest
@@ -404,7 +454,7 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
     }
 #pragma unroll
     for (int pair = 0; pair < kVAhead; ++pair) {
-      ldmatrix_x4_trans(v_tile + pair * 32, vb[pair][0], vb[pair][1], vb[pair][2], vb[pair][3]);
+      ldmatrix_x4_trans(v_tile + (v_piece ^ (pair * 32)), vb[pair][0], vb[pair][1], vb[pair][2], vb[pair][3]);
     }
 #pragma unroll
     for (int m = 0; m < RG; ++m) {
@@ -432,7 +482,7 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
         mma_bf16_16816(acc[m][2 * pair + 1], pa[m], b[2], b[3]);
       }
       if (pair + kVAhead < kValueTiles / 2) {
-        ldmatrix_x4_trans(v_tile + (pair + kVAhead) * 32, b[0], b[1], b[2], b[3]);
+        ldmatrix_x4_trans(v_tile + (v_piece ^ ((pair + kVAhead) * 32)), b[0], b[1], b[2], b[3]);
       }
     }
   }

@@ -53,10 +53,10 @@ STAGES = 4
 
 
 def dynamic_smem_bytes(row_groups: int) -> int:
-    """Mirror of TileConfig::kSmemBytes in csrc: padded KV stages, double-buffered P and rescale factors,
+    """Mirror of TileConfig::kSmemBytes in csrc: swizzled (unpadded) KV stages, double-buffered P and rescale factors,
     1 / row sums, the score pairs' partial-score exchange, the pool-row ring."""
     rows = row_groups * 16
-    kv = STAGES * KEYS_PER_TILE * (HEAD_DIM * 2 + 16)
+    kv = STAGES * KEYS_PER_TILE * HEAD_DIM * 2
     p_and_alpha = 2 * rows * (KEYS_PER_TILE * 2 + 16) + 2 * rows * 4
     exchange = row_groups * 2 * 2 * 32 * 16
     return kv + p_and_alpha + rows * 4 + exchange + (2 * STAGES - 4) * KEYS_PER_TILE * 8
