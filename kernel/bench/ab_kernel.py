@@ -19,8 +19,8 @@ import torch
 from kdtree_kernel import verify_attention_reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_verify import SM_SCALE, TREE_CASES, CaseRunner, graph_time_us  # noqa: E402
-from kdtree_kernel.testing import rel_error  # noqa: E402
+from bench_verify import SM_SCALE, TREE_CASES, CaseRunner, graph_time_us
+from kdtree_kernel.testing import rel_error
 
 
 def main() -> None:
@@ -42,8 +42,15 @@ def main() -> None:
                 err = rel_error(r.out, ref)
                 del ref
             us = graph_time_us([r.ours(x) for x in r.cases])
-            rec = {"label": args.label, "bs": bs, "prefix": prefix, "q_len": q_len, "heads": heads,
-                   "us": round(us, 2), "rel_err": err}
+            rec = {
+                "label": args.label,
+                "bs": bs,
+                "prefix": prefix,
+                "q_len": q_len,
+                "heads": heads,
+                "us": round(us, 2),
+                "rel_err": err,
+            }
             print(json.dumps(rec), flush=True)
             out.write(json.dumps(rec) + "\n")
             del r
