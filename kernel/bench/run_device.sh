@@ -23,7 +23,8 @@ for stage in $stages; do
       python3 deploy/build_extension.py --arch 9.0 --out kernel/build --log "$OUT/build.log" --timeout 420 --jobs 16 || { tail -50 "$OUT/build.log"; exit 11; }
       grep -E "Used|spill" "$OUT/build.log" | sort | uniq -c | head -20 ;;
     kernel-tests)
-      python3 -m pytest -m gpu tests/kernel -q -x --noconftest -p no:cacheprovider --timeout 300 2>&1 | tee "$OUT/kernel-tests.log" | tail -15 ;;
+      timeout 300 python3 -m pytest -m gpu tests/kernel -q -x --noconftest -p no:cacheprovider --timeout 120 2>&1 | tee "$OUT/kernel-tests.log" | tail -15
+      [ "${PIPESTATUS[0]}" = 0 ] || exit 13 ;;
     bench)
       python3 kernel/bench/bench_verify.py --sglang-site /tmp/site --out kernel/bench/results-h200.json 2> "$OUT/bench.log"
       cp kernel/bench/results-h200.json kernel/bench/results-h200.md kernel/bench/results-h200.extra.json "$OUT/" ;;
@@ -51,18 +52,21 @@ for stage in $stages; do
       # Kernel-only A/B: every source tree under .ab/ (saved kernel/csrc copies) against the working tree,
       # built side by side, then timed alternately (two rounds) by ab_kernel.py.
       pids=()
-      python3 deploy/build_extension.py --arch 9.0 --out kernel/build --log "$OUT/build.log" --timeout 420 --jobs 4 &
-      pids+=($!)
+      if ! ls kernel/build/*.so > /dev/null 2>&1; then  # the build stage may have made it already
+        python3 deploy/build_extension.py --arch 9.0 --out kernel/build --log /tmp/build-new.log --timeout 420 --jobs 4 &
+        pids+=($!)
+      fi
       for d in .ab/*/; do
-        python3 deploy/build_extension.py --arch 9.0 --source-dir "$d" --out "${d}build" --log "$OUT/build-$(basename "$d").log" --timeout 420 --jobs 4 &
+        python3 deploy/build_extension.py --arch 9.0 --source-dir "$d" --out "${d}build" --log "/tmp/build-$(basename "$d").log" --timeout 420 --jobs 4 &
         pids+=($!)
       done
-      for pid in "${pids[@]}"; do wait "$pid" || exit 12; done
+      for pid in "${pids[@]}"; do wait "$pid" || { tail -30 /tmp/build-*.log; exit 12; }; done
+      grep -H -E "spill" /tmp/build-*.log | sort | uniq -c | head -20
       stamp "ab built"
       for check in "" --no-check; do
         for d in kernel/build .ab/*/build; do
           label=$( [ "$d" = kernel/build ] && echo new || basename "$(dirname "$d")" )
-          KDTREE_EXT_DIR="$PWD/$d" python3 kernel/bench/ab_kernel.py --label "$label" --out "$OUT/ab.jsonl" $check > /dev/null 2>> "$OUT/ab.log" || tail -20 "$OUT/ab.log"
+          KDTREE_EXT_DIR="$PWD/$d" timeout 300 python3 kernel/bench/ab_kernel.py --label "$label" --out "$OUT/ab.jsonl" $check > /dev/null 2>> "$OUT/ab.log" || tail -20 "$OUT/ab.log"
         done
       done
       python3 - "$OUT/ab.jsonl" <<'PY'

@@ -15,11 +15,15 @@
 // The two roles run one tile apart: in step `it` the score warps work on tile it while the value warps
 // finish tile it - 1; P and the rescale factors are double-buffered.
 //
-// Measured (H200, kernel/bench/probe_memory.py and results-h200.md): neither DRAM nor the shared-memory pipe
-// is the limit. With the gathers switched off the time drops only 14%, and the loop skeleton alone (barriers,
-// waits) costs ~0.2 us per 16-key step; the S and P V mma.sync chains of each step are what remains, at ~25%
-// of the measured mma.sync rate. The previous design (4 warps per 16 rows splitting the dims, 32-key tiles)
-// was 5-15% slower on every benchmark case.
+// Measured (H200, kernel/bench/probe_memory.py, results-h200.md, ab-h200.md, ncu source counters): neither
+// DRAM nor the shared-memory pipe is the limit; the warps' dependent chains are. At bs 64 x 8192 the tensor
+// pipe is 32% busy and issue slots 32%, with 0.5 eligible warps per scheduler: each warp issues ~140 (value)
+// to ~175 (score) instructions per 16-key step, and both roles wait ~27% of the time at the step's barrier.
+// The score warps (S mma chains waiting on ldmatrix, then the exchange and the softmax) are the critical path:
+// work moved off the value warps (rescale flags) did not help, work added to the score warps (a flag vote)
+// cost 3%. Issuing the score mma first (value warps held on a barrier) and replacing the block barrier by an
+// mbarrier hand-over were both slower (ab-h200.md); the previous design (4 warps per 16 rows splitting the
+// dims, 32-key tiles) was 5-15% slower on every case.
 //
 // Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows swizzled, see swizzled_piece, so the
 // 8 row reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
