@@ -28,9 +28,13 @@ def main() -> None:
     parser.add_argument("--label", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--no-check", action="store_true", help="time only (skip the fp32 reference)")
+    parser.add_argument("--cases", default="", help="comma-separated indices into TREE_CASES (default: all)")
     args = parser.parse_args()
     with args.out.open("a") as out:
+        picked = {int(x) for x in args.cases.split(",") if x} or set(range(len(TREE_CASES)))
         for i, (bs, prefix, q_len, heads) in enumerate(TREE_CASES):
+            if i not in picked:
+                continue
             r = CaseRunner(bs, prefix, q_len, heads, "tree", seed=1000 * i)
             c = r.c
             err = None

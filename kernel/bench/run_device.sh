@@ -63,10 +63,13 @@ for stage in $stages; do
       for pid in "${pids[@]}"; do wait "$pid" || { tail -30 /tmp/build-*.log; exit 12; }; done
       grep -H -E "spill" /tmp/build-*.log | sort | uniq -c | head -20
       stamp "ab built"
-      for check in "" --no-check; do
+      # AB_CASES: indices into bench_verify.TREE_CASES; AB_ROUNDS=1: the checked round only.
+      rounds=("" --no-check)
+      [ "${AB_ROUNDS:-2}" = 1 ] && rounds=("")
+      for check in "${rounds[@]}"; do
         for d in kernel/build .ab/*/build; do
           label=$( [ "$d" = kernel/build ] && echo new || basename "$(dirname "$d")" )
-          KDTREE_EXT_DIR="$PWD/$d" timeout 300 python3 kernel/bench/ab_kernel.py --label "$label" --out "$OUT/ab.jsonl" $check > /dev/null 2>> "$OUT/ab.log" || tail -20 "$OUT/ab.log"
+          KDTREE_EXT_DIR="$PWD/$d" timeout 300 python3 kernel/bench/ab_kernel.py --label "$label" --out "$OUT/ab.jsonl" --cases "${AB_CASES:-}" $check > /dev/null 2>> "$OUT/ab.log" || tail -20 "$OUT/ab.log"
         done
       done
       python3 - "$OUT/ab.jsonl" <<'PY'

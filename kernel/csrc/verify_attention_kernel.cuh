@@ -21,9 +21,10 @@
 // to ~175 (score) instructions per 16-key step, and both roles wait ~27% of the time at the step's barrier.
 // The score warps (S mma chains waiting on ldmatrix, then the exchange and the softmax) are the critical path:
 // work moved off the value warps (rescale flags) did not help, work added to the score warps (a flag vote)
-// cost 3%. Issuing the score mma first (value warps held on a barrier) and replacing the block barrier by an
-// mbarrier hand-over were both slower (ab-h200.md); the previous design (4 warps per 16 rows splitting the
-// dims, 32-key tiles) was 5-15% slower on every case.
+// cost 3%. Issuing the score mma first (value warps held on a barrier), replacing the block barrier by an
+// mbarrier hand-over, and software-pipelining the score warps by a tile (which leaves the gathers one step of
+// latency cover instead of two) were all slower, by 1.5%, 40% and 16% (ab-h200.md); the previous design (4
+// warps per 16 rows splitting the dims, 32-key tiles) was 5-15% slower on every case.
 //
 // Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows swizzled, see swizzled_piece, so the
 // 8 row reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
