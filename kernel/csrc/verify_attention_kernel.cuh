@@ -66,7 +66,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 // permuted by the row's index mod 8 (XOR). The 8 rows one ldmatrix reads at the same logical piece then hit 8
 // distinct bank groups, and every gather writes whole aligned 128-byte lines. (Padded rows, the previous layout,
 // left cp.async writing lines that straddle 128-byte boundaries: ncu counted 2.6x the ideal shared-memory
-// wavefronts for the gathers.) Byte offset, within its key row, of logical piece `piece` of row `row`:
+// wavefronts for the gathers, 1.0x now.) Byte offset, within its key row, of logical piece `piece` of row `row`:
 __device__ __forceinline__ uint32_t swizzled_piece(int piece, int row) {
   return static_cast<uint32_t>(piece ^ (row & 7)) * 16;
 }
@@ -74,8 +74,8 @@ __device__ __forceinline__ uint32_t swizzled_piece(int piece, int row) {
 // Warp roles. Scheduler s of an SM issues for warps s, s + 4, ... (warp % 4). Score warps (36 mma per step
 // each) and value warps (8 * RG) are placed so that the four schedulers get near-equal tensor work: with RG = 3
 // (14 warps) score warps {0, 1, 2, 3, 6, 7} give 108 / 108 / 96 / 96 mma per step, where warps 0..5 gave
-// 120 / 120 / 84 / 84 (ncu: the score warps on the two loaded schedulers were the critical path). Returns the
-// warp's index within its role.
+// 120 / 120 / 84 / 84 (5-6% faster on the large cases, kernel/bench/ab-h200.md). Returns the warp's index
+// within its role.
 template <int RG>
 __device__ __forceinline__ int score_slot(int warp) {
   if constexpr (RG == 1) return warp == 2 || warp == 3 ? warp - 2 : -1;
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
   const int out_row0 = q_tok0 * p.heads;
 
   if (score_role) {
-    // ---------------- score warp: rows block_row0 + 16 * warp + {g, g + 8} ----------------
+    // ---------------- score warp: rows block_row0 + 16 * pair + {g, g + 8} ----------------
     const int pair = score_warp / kScoreHalves;
     const int half = score_warp % kScoreHalves;
     const int local_row0 = pair * 16;
@@ -383,9 +383,9 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
     for (int it = 0; it <= n_tiles; ++it) {
       __syncthreads();  // tile `it` has landed (the value threads waited for it), the buffers are free
       if (it < n_tiles && warp_live) {
-        score_tile(p, qf, k_lane, half, exchange, 1 + pair, st, smem_base + (it % STAGES) * Cfg::kStageBytes, smem + Cfg::kPOffset + (it % 2) *
-                   Cfg::kPBufBytes, alpha_smem + (it % 2) * Cfg::kBlockM, local_row0, key_lo + it * kBlockN, key_hi,
-                   prefix, q_tok0, token, lane);
+        score_tile(p, qf, k_lane, half, exchange, 1 + pair, st, smem_base + (it % STAGES) * Cfg::kStageBytes,
+                   smem + Cfg::kPOffset + (it % 2) * Cfg::kPBufBytes, alpha_smem + (it % 2) * Cfg::kBlockM,
+                   local_row0, key_lo + it * kBlockN, key_hi, prefix, q_tok0, token, lane);
       }
     }
     // Row statistics: 1 / sum for the value warps, the LSE (or this chunk's partial LSE) from here.
