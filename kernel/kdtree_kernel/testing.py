@@ -14,6 +14,7 @@ import torch
 from .mask import pack_draft_mask
 from .ops import verify_attention
 from .plan import HEAD_DIM, VALUE_DIM
+from .reference import verify_attention_reference
 
 MaskKind = Literal["tree", "chain", "star"]
 
@@ -80,6 +81,19 @@ class VerifyCase:
             sm_scale,
             q_len=self.q_len,
             max_prefix_len=self.max_prefix,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def reference(self, sm_scale: float, **kwargs: object) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The fp32 reference on this case; ``kwargs`` (return_lse) go to verify_attention_reference."""
+        return verify_attention_reference(
+            self.q,
+            self.kv_buffer,
+            self.kv_indptr,
+            self.kv_indices,
+            self.qo_indptr,
+            self.draft_mask,
+            sm_scale,
             **kwargs,  # type: ignore[arg-type]
         )
 

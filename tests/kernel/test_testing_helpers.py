@@ -1,10 +1,11 @@
-"""VerifyCase.run_kernel hands the case's own tensors (or the replacement pool rows) to verify_attention."""
+"""VerifyCase.run_kernel and VerifyCase.reference hand the case's own tensors to verify_attention and to the
+fp32 reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from kdtree_kernel import testing
+from kdtree_kernel import testing, verify_attention_reference
 from kdtree_kernel.testing import make_case
 
 
@@ -27,3 +28,14 @@ def test_run_kernel_forwards_the_case(monkeypatch: pytest.MonkeyPatch, replace_r
     assert all(a is b for a, b in zip(args[:4], expected, strict=True))
     assert args[4] is case.qo_indptr and args[5] is case.draft_mask and args[6] == 0.5
     assert seen["kwargs"] == {"q_len": 3, "max_prefix_len": case.max_prefix, "out": marker}
+
+
+def test_reference_is_the_reference_on_the_case() -> None:
+    case = make_case(2, 7, 3, 2, ragged=True, device="cpu", seed=5)
+    direct = verify_attention_reference(
+        case.q, case.kv_buffer, case.kv_indptr, case.kv_indices, case.qo_indptr, case.draft_mask, 0.5, return_lse=True
+    )
+    out, lse = case.reference(0.5, return_lse=True)
+    assert torch.equal(out, direct[0]) and torch.equal(lse, direct[1])
+    assert torch.equal(case.reference(0.5), direct[0])
+    assert not torch.equal(case.reference(0.25), direct[0])  # the scale reaches it

@@ -10,7 +10,6 @@ import torch
 from kdtree_kernel import (
     extension_available,
     verify_attention,
-    verify_attention_reference,
     workspace_size,
 )
 from kdtree_kernel.testing import make_case, rel_error
@@ -53,16 +52,7 @@ def _sweep() -> list[tuple[int, int, int, int, str, bool]]:
 
 
 def _reference(case, sm_scale: float = SM_SCALE):
-    return verify_attention_reference(
-        case.q,
-        case.kv_buffer,
-        case.kv_indptr,
-        case.kv_indices,
-        case.qo_indptr,
-        case.draft_mask,
-        sm_scale,
-        return_lse=True,
-    )
+    return case.reference(sm_scale, return_lse=True)
 
 
 def _run(case, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,10 +190,10 @@ def test_deterministic_across_calls() -> None:
 @pytest.mark.parametrize(
     ("bs", "prefix", "q_len", "heads", "kind"),
     [
-        (2, 3000, 1, 8, "chain"),  # 8 rows: 1 score warp, half of its rows dead
-        (2, 3000, 2, 16, "tree"),  # 32 rows: 2 score warps
-        (3, 3000, 5, 8, "tree"),  # 40 rows: 3 score warps, the last one half dead
-        (1, 5000, 9, 8, "tree"),  # 72 rows: 48 + 24, the second block's third score warp idle
+        (2, 3000, 1, 8, "chain"),  # 8 rows: 1 score pair, half of its rows dead
+        (2, 3000, 2, 16, "tree"),  # 32 rows: 2 score pairs
+        (3, 3000, 5, 8, "tree"),  # 40 rows: 3 score pairs, the last one half dead
+        (1, 5000, 9, 8, "tree"),  # 72 rows: 48 + 24, the second block's third score pair idle
         (3, 1000, 33, 16, "star"),
         (8, 300, 128, 8, "tree"),
         (2, 70, 16, 128, "chain"),
