@@ -68,9 +68,17 @@ class VerifyCase:
     def kv_tokens(self) -> int:
         return sum(self.prefix_lens) + self.bs * self.q_len
 
-    def run_kernel(self, sm_scale: float, *, kv_indices: torch.Tensor | None = None, **kwargs: object) -> torch.Tensor:
+    def run_kernel(
+        self,
+        sm_scale: float,
+        *,
+        kv_indices: torch.Tensor | None = None,
+        max_prefix_len: int | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor:
         """verify_attention on this case (its own pool rows unless ``kv_indices`` replaces them), with the
-        grid planned for its longest prefix; ``kwargs`` (out, lse, workspace) go to the op as they are."""
+        grid planned for its longest prefix unless ``max_prefix_len`` gives a larger bound (as a CUDA-graph
+        runner does); ``kwargs`` (out, lse, workspace) go to the op as they are."""
         return verify_attention(
             self.q,
             self.kv_buffer,
@@ -80,7 +88,7 @@ class VerifyCase:
             self.draft_mask,
             sm_scale,
             q_len=self.q_len,
-            max_prefix_len=self.max_prefix,
+            max_prefix_len=self.max_prefix if max_prefix_len is None else max_prefix_len,
             **kwargs,  # type: ignore[arg-type]
         )
 

@@ -28,6 +28,8 @@ def test_run_kernel_forwards_the_case(monkeypatch: pytest.MonkeyPatch, replace_r
     assert all(a is b for a, b in zip(args[:4], expected, strict=True))
     assert args[4] is case.qo_indptr and args[5] is case.draft_mask and args[6] == 0.5
     assert seen["kwargs"] == {"q_len": 3, "max_prefix_len": case.max_prefix, "out": marker}
+    case.run_kernel(0.5, max_prefix_len=case.max_prefix + 1000)
+    assert seen["kwargs"] == {"q_len": 3, "max_prefix_len": case.max_prefix + 1000}
 
 
 def test_reference_is_the_reference_on_the_case() -> None:

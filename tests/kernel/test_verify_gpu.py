@@ -9,7 +9,6 @@ import pytest
 import torch
 from kdtree_kernel import (
     extension_available,
-    verify_attention,
     workspace_size,
 )
 from kdtree_kernel.testing import make_case, rel_error
@@ -58,20 +57,7 @@ def _reference(case, sm_scale: float = SM_SCALE):
 def _run(case, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.full((case.bs * case.q_len, case.heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((case.bs * case.q_len, case.heads), float("nan"), dtype=torch.float32, device="cuda")
-    verify_attention(
-        case.q,
-        case.kv_buffer,
-        case.kv_indptr,
-        case.kv_indices,
-        case.qo_indptr,
-        case.draft_mask,
-        SM_SCALE,
-        q_len=case.q_len,
-        max_prefix_len=case.max_prefix,
-        out=out,
-        lse=lse,
-        **kwargs,
-    )
+    case.run_kernel(SM_SCALE, out=out, lse=lse, **kwargs)
     return out, lse
 
 
@@ -113,18 +99,7 @@ def test_prefix_shorter_than_planned_bound(adaptive: str, monkeypatch: pytest.Mo
     monkeypatch.setenv("KDTREE_ADAPTIVE_CHUNKS", adaptive)
     case = make_case(2, 500, 9, 8, ragged=True, seed=3)
     out = torch.empty(case.bs * case.q_len, case.heads, 512, dtype=torch.bfloat16, device="cuda")
-    verify_attention(
-        case.q,
-        case.kv_buffer,
-        case.kv_indptr,
-        case.kv_indices,
-        case.qo_indptr,
-        case.draft_mask,
-        SM_SCALE,
-        q_len=case.q_len,
-        max_prefix_len=60000,
-        out=out,
-    )
+    case.run_kernel(SM_SCALE, max_prefix_len=60000, out=out)
     ref, _ = _reference(case)
     assert rel_error(out, ref) <= REL_TOL
 
@@ -143,20 +118,7 @@ def test_cuda_graph_replay_matches_eager(
     ws = torch.empty(max(1, workspace_size(bs, q_len, heads, bound)), dtype=torch.uint8, device="cuda")
 
     def call() -> None:
-        verify_attention(
-            case.q,
-            case.kv_buffer,
-            case.kv_indptr,
-            case.kv_indices,
-            case.qo_indptr,
-            case.draft_mask,
-            SM_SCALE,
-            q_len=q_len,
-            max_prefix_len=bound,
-            out=out,
-            lse=lse,
-            workspace=ws,
-        )
+        case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, lse=lse, workspace=ws)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
