@@ -30,6 +30,10 @@ for stage in $stages; do
       cp kernel/bench/results-h200.json kernel/bench/results-h200.md kernel/bench/results-h200.extra.json "$OUT/" ;;
     probe)
       python3 kernel/bench/probe_memory.py 2>&1 | tee "$OUT/probe.log" ;;
+    splits)
+      python3 kernel/bench/probe_splits.py --out "$OUT/splits.jsonl" > "$OUT/splits.log" 2>&1; tail -3 "$OUT/splits.log" ;;
+    kernel-times)
+      python3 kernel/bench/probe_splits.py --kernel-times --out "$OUT/kernel-times.jsonl" 2>&1 | tail -6 ;;
     quick-bench)
       python3 kernel/bench/bench_verify.py --quick --sglang-site /tmp/site --out "$OUT/quick.json" 2> "$OUT/bench.log"; tail -5 "$OUT/bench.log" ;;
     profile)

@@ -17,38 +17,87 @@ int threads_for(int row_groups) { return (row_groups * kScoreHalves + kValueWarp
 
 }  // namespace
 
-// Merges the chunk partials of one (request, row): out = sum_s w_s O_s with w_s = 2^(lse_s - lse).
-// Grid (rows, bs), 128 threads x 4 columns each.
-__global__ void __launch_bounds__(128) verify_combine_kernel(const VerifyParams p) {
+// Combine kernel shape: one block per (row, request) of 1, 2 or 4 groups of 128 threads (one float4 of
+// the 512 output columns each); group j takes every groups-th batch of up to kCombineBatch chunks, with the
+// batch's loads in flight together. A loop with one chunk in flight at a time cost ~0.28 us per chunk on the H200 (L2
+// round trips), which made the combine the larger part of a bs = 1 call; idle groups, on the other hand, cost
+// ~13% on large batches with 2-4 chunks (kernel/bench/splits-h200.md), hence one group per 8 chunks, up to 4.
+constexpr int kCombineCols = kValueDim / 4;
+constexpr int kCombineBatch = 8;  // the widest batch
+
+// Merges the chunk partials of one (request, row): out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+template <int kGroups, int kBatch>
+__global__ void __launch_bounds__(kCombineCols * kGroups) verify_combine_kernel(const VerifyParams p) {
+  constexpr int kThreads = kCombineCols * kGroups;
+  __shared__ float warp_max[kThreads / 32];
+  __shared__ float4 group_acc[kGroups > 1 ? kGroups - 1 : 1][kCombineCols];
+  __shared__ float group_total[kGroups > 1 ? kGroups - 1 : 1];
   const int r = blockIdx.x;
   const int b = blockIdx.y;
+  const int col = threadIdx.x % kCombineCols;
+  const int group = threadIdx.x / kCombineCols;
   const int rows = p.q_len * p.heads;
   const int kv_len = p.kv_indptr[b + 1] - p.kv_indptr[b];
   const int chunk = chunk_for(p, kv_len);
   const int live_splits = min(p.splits, (kv_len + chunk - 1) / chunk);
   const int64_t slot0 = static_cast<int64_t>(b) * p.splits * rows + r;
+
   float mx = -INFINITY;
-  for (int s = 0; s < live_splits; ++s) mx = fmaxf(mx, p.part_lse[slot0 + static_cast<int64_t>(s) * rows]);
+  for (int s = threadIdx.x; s < live_splits; s += kThreads) {
+    mx = fmaxf(mx, p.part_lse[slot0 + static_cast<int64_t>(s) * rows]);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = mx;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) mx = fmaxf(mx, warp_max[w]);
   const float base = mx == -INFINITY ? 0.f : mx;
+
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float total = 0.f;
-  for (int s = 0; s < live_splits; ++s) {
-    const int64_t slot = slot0 + static_cast<int64_t>(s) * rows;
-    const float w = exp2f(p.part_lse[slot] - base);
-    const float4 o = reinterpret_cast<const float4*>(p.part_o + slot * kValueDim)[threadIdx.x];
-    total += w;
-    acc.x += w * o.x;
-    acc.y += w * o.y;
-    acc.z += w * o.z;
-    acc.w += w * o.w;
+  for (int s0 = group * kBatch; s0 < live_splits; s0 += kGroups * kBatch) {
+    float lse[kBatch];
+    float4 o[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t slot = slot0 + static_cast<int64_t>(s0 + j) * rows;
+      const bool live = s0 + j < live_splits;
+      lse[j] = live ? p.part_lse[slot] : -INFINITY;
+      o[j] = live ? reinterpret_cast<const float4*>(p.part_o + slot * kValueDim)[col] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const float w = exp2f(lse[j] - base);
+      total += w;
+      acc.x += w * o[j].x;
+      acc.y += w * o[j].y;
+      acc.z += w * o[j].z;
+      acc.w += w * o[j].w;
+    }
+  }
+  if (group > 0) {
+    group_acc[group - 1][col] = acc;
+    if (col == 0) group_total[group - 1] = total;
+  }
+  __syncthreads();
+  if (group > 0) return;
+#pragma unroll
+  for (int g = 0; g < kGroups - 1; ++g) {
+    const float4 o = group_acc[g][col];
+    acc.x += o.x;
+    acc.y += o.y;
+    acc.z += o.z;
+    acc.w += o.w;
+    total += group_total[g];
   }
   const float inv = total > 0.f ? 1.f / total : 0.f;
   const int64_t out_row = static_cast<int64_t>(p.qo_indptr[b]) * p.heads + r;
   uint2 packed;
   packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
   packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
-  reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + out_row * kValueDim)[threadIdx.x] = packed;
-  if (p.lse != nullptr && threadIdx.x == 0) p.lse[out_row] = total > 0.f ? (base + __log2f(total)) * kLn2 : -INFINITY;
+  reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + out_row * kValueDim)[col] = packed;
+  if (p.lse != nullptr && col == 0) p.lse[out_row] = total > 0.f ? (base + __log2f(total)) * kLn2 : -INFINITY;
 }
 
 int verify_smem_bytes(int row_groups) {
@@ -91,7 +140,19 @@ cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream) 
   err = cudaGetLastError();
   if (err != cudaSuccess || p.splits == 1) return err;
   const dim3 combine_grid(p.q_len * p.heads, p.bs);
-  verify_combine_kernel<<<combine_grid, kValueDim / 4, 0, stream>>>(p);
+  // Few chunks (large batches): one group, a batch no wider than the chunks (registers, hence occupancy, of a
+  // memory-bound pass). Many (small batches): up to 4 groups of 8-chunk batches.
+  if (p.splits <= 2) {
+    verify_combine_kernel<1, 2><<<combine_grid, kCombineCols, 0, stream>>>(p);
+  } else if (p.splits <= 4) {
+    verify_combine_kernel<1, 4><<<combine_grid, kCombineCols, 0, stream>>>(p);
+  } else if (p.splits <= kCombineBatch) {
+    verify_combine_kernel<1, kCombineBatch><<<combine_grid, kCombineCols, 0, stream>>>(p);
+  } else if (p.splits <= 2 * kCombineBatch) {
+    verify_combine_kernel<2, kCombineBatch><<<combine_grid, 2 * kCombineCols, 0, stream>>>(p);
+  } else {
+    verify_combine_kernel<4, kCombineBatch><<<combine_grid, 4 * kCombineCols, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

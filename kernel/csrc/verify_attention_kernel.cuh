@@ -24,7 +24,10 @@
 // cost 3%. Issuing the score mma first (value warps held on a barrier), replacing the block barrier by an
 // mbarrier hand-over, and software-pipelining the score warps by a tile (which leaves the gathers one step of
 // latency cover instead of two) were all slower, by 1.5%, 40% and 16% (ab-h200.md); the previous design (4
-// warps per 16 rows splitting the dims, 32-key tiles) was 5-15% slower on every case.
+// warps per 16 rows splitting the dims, 32-key tiles) was 5-15% slower on every case. Two gather variants
+// were slower too: key rows prefetched into L2 two tiles ahead of their gathers (+13%: the extra requests cost
+// more than the latency they hid), and one bulk copy (cp.async.bulk + mbarrier, padded rows) per key row
+// instead of 72 cp.async pieces (+35%).
 //
 // Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows swizzled, see swizzled_piece, so the
 // 8 row reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next

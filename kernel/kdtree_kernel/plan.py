@@ -18,10 +18,11 @@ BLOCK_N = 32  # chunks are multiples of this many keys (kChunkAlign in csrc/veri
 MAX_Q_LEN = 128
 MAX_ROW_GROUPS = 3
 ROWS_PER_GROUP = 16
-MIN_CHUNK_KEYS = 128
+MIN_CHUNK_KEYS = BLOCK_N  # bs = 1 with a 1k prefix is fastest at 32-key chunks (kernel/bench/splits-h200.md)
 MAX_SPLITS = 256
 # Cost model in units of "one KV tile per block": fixed per-block work (Q load, pipeline fill, epilogue) and
-# the combine pass (a launch plus the partials' round trip, ~4.9 MB per tile-step of the whole GPU).
+# the combine pass (a launch plus the partials' round trip, ~4.9 MB per tile-step of the whole GPU). On the
+# H200 it picks the fastest of 11 chunk sizes timed for each of 8 small-batch cases (splits-h200.md).
 BLOCK_OVERHEAD_TILES = 1.5
 COMBINE_LAUNCH_TILES = 2.0
 BYTES_PER_TILE_STEP = 4.9e6

@@ -93,3 +93,23 @@ def test_workspace_covers_every_smaller_batch(q_len: int, heads: int, prefix: in
     per_bs = [plan_launch(b, q_len, heads, prefix, num_sms=SMS).workspace_bytes for b in range(1, max_bs + 1)]
     assert total == max(per_bs)
     assert total >= plan_launch(max_bs, q_len, heads, prefix, num_sms=SMS).workspace_bytes
+
+
+# (bs, prefix, q_len, heads) -> the chunk size timed fastest on the H200 (132 SMs) among 11 sizes from 32 to 4096
+# keys (kernel/bench/splits-h200.md).
+H200_FASTEST_CHUNK = {
+    (1, 1024, 9, 8): 32,
+    (1, 8192, 9, 8): 128,
+    (1, 32768, 9, 8): 512,
+    (1, 8192, 64, 8): 704,
+    (2, 8192, 9, 8): 256,
+    (4, 8192, 9, 8): 544,
+    (8, 8192, 9, 8): 1056,
+    (8, 32768, 9, 8): 4128,
+}
+
+
+@pytest.mark.parametrize(("case", "chunk"), list(H200_FASTEST_CHUNK.items()))
+def test_plan_picks_the_chunk_measured_fastest(case: tuple[int, int, int, int], chunk: int) -> None:
+    bs, prefix, q_len, heads = case
+    assert plan_launch(bs, q_len, heads, prefix, num_sms=SMS).chunk_keys == chunk
