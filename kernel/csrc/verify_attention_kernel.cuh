@@ -27,7 +27,8 @@
 // warps per 16 rows splitting the dims, 32-key tiles) was 5-15% slower on every case. Two gather variants
 // were slower too: key rows prefetched into L2 two tiles ahead of their gathers (+13%: the extra requests cost
 // more than the latency they hid), and one bulk copy (cp.async.bulk + mbarrier, padded rows) per key row
-// instead of 72 cp.async pieces (+35%).
+// instead of 72 cp.async pieces (+35%). The gathers stay on value warps of schedulers 0 and 1: moving half of
+// them to schedulers 2 and 3, which carry two score warps each, cost 9%; spreading them over all 8 value warps, 4%.
 //
 // Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows swizzled, see swizzled_piece, so the
 // 8 row reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
