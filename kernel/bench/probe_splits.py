@@ -14,6 +14,7 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
@@ -39,7 +40,7 @@ def forced(plan: LaunchPlan, chunk: int, max_keys: int) -> LaunchPlan:
     return replace(plan, splits=math.ceil(max_keys / chunk), chunk_keys=chunk)
 
 
-def kernel_times(out) -> None:
+def kernel_times(out: TextIO) -> None:
     """GPU time of each kernel of the op (main, combine) at the planned grid, from the torch profiler over eager
     calls: the graph time minus their sum is what launches and gaps cost."""
     from torch.profiler import ProfilerActivity, profile

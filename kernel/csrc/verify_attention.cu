@@ -17,11 +17,11 @@ int threads_for(int row_groups) { return (row_groups * kScoreHalves + kValueWarp
 
 }  // namespace
 
-// Combine kernel shape: one block per (row, request) of 1, 2 or 4 groups of 128 threads (one float4 of
-// the 512 output columns each); group j takes every groups-th batch of up to kCombineBatch chunks, with the
-// batch's loads in flight together. A loop with one chunk in flight at a time cost ~0.28 us per chunk on the H200 (L2
-// round trips), which made the combine the larger part of a bs = 1 call; idle groups, on the other hand, cost
-// ~13% on large batches with 2-4 chunks (kernel/bench/splits-h200.md), hence one group per 8 chunks, up to 4.
+// Combine kernel shape: one block per (row, request) of 1, 2 or 4 groups of 128 threads (one float4 of the 512
+// output columns each); group j takes every groups-th batch of up to kCombineBatch chunks, with the batch's loads
+// in flight together. A loop with one chunk in flight at a time cost ~0.28 us per chunk on the H200 (L2 round
+// trips), which made the combine the larger part of a bs = 1 call; idle groups, on the other hand, cost up to 13%
+// on large batches with 2-4 chunks (kernel/bench/splits-h200.md), hence one group per 8 chunks, up to 4.
 constexpr int kCombineCols = kValueDim / 4;
 constexpr int kCombineBatch = 8;  // the widest batch
 
