@@ -1,19 +1,22 @@
 """Compile-only check of the torch-free kernel unit with nvcc for sm_120a and sm_90a (runs in CI, no GPU).
 
 Fails on any ptxas error, on more than 99 KB of shared memory per block (the sm_120 limit; the dynamic part
-is checked by a static_assert in the header and recomputed here), and on large register spills.
+is checked by a static_assert in the header and read back here by a host-only probe), and on large register
+spills.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
-from kdtree_kernel.plan import HEAD_DIM, MAX_ROW_GROUPS
+from kdtree_kernel.plan import MAX_ROW_GROUPS
 
 CSRC = Path(__file__).resolve().parents[2] / "kernel" / "csrc"
 NVCC = shutil.which("nvcc")
@@ -48,18 +51,32 @@ def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
 
 
 UNITS = ("verify_attention.cu", "verify_attention_i32.cu", "verify_attention_i64.cu", "mma_rate.cu")
-KEYS_PER_TILE = 16
-STAGES = 4
+SMEM_PROBE = """#include <cstdio>
+#include "verify_attention_kernel.cuh"
+int main() {
+  std::printf("%d %d %d\\n", kdtree::TileConfig<1, kdtree::kStages>::kSmemBytes,
+              kdtree::TileConfig<2, kdtree::kStages>::kSmemBytes, kdtree::TileConfig<3, kdtree::kStages>::kSmemBytes);
+}
+"""
+
+
+@functools.cache
+def dynamic_smem_bytes_by_row_groups() -> tuple[int, ...]:
+    """TileConfig<RG, kStages>::kSmemBytes for RG = 1..3, read from the header itself (a host-only probe built with
+    nvcc and run here; no GPU needed), so the budget check cannot drift from the kernel's layout."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = Path(tmp) / "smem_probe.cu", Path(tmp) / "smem_probe"
+        src.write_text(SMEM_PROBE)
+        build = subprocess.run(
+            [NVCC, "-std=c++17", "-I", str(CSRC), str(src), "-o", str(exe)], capture_output=True, text=True, timeout=300
+        )
+        assert build.returncode == 0, f"nvcc failed on the shared-memory probe:\n{build.stderr[-4000:]}"
+        run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True)
+    return tuple(int(x) for x in run.stdout.split())
 
 
 def dynamic_smem_bytes(row_groups: int) -> int:
-    """Mirror of TileConfig::kSmemBytes in csrc: swizzled (unpadded) KV stages, double-buffered P and rescale factors,
-    1 / row sums, the score pairs' partial-score exchange, the pool-row ring."""
-    rows = row_groups * 16
-    kv = STAGES * KEYS_PER_TILE * HEAD_DIM * 2
-    p_and_alpha = 2 * rows * (KEYS_PER_TILE * 2 + 16) + 2 * rows * 4
-    exchange = row_groups * 2 * 2 * 32 * 16
-    return kv + p_and_alpha + rows * 4 + exchange + (2 * STAGES - 4) * KEYS_PER_TILE * 8
+    return dynamic_smem_bytes_by_row_groups()[row_groups - 1]
 
 
 def worst_dynamic_smem() -> int:
