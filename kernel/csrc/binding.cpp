@@ -26,7 +26,7 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
                              const at::Tensor& draft_mask, const at::Tensor& out,
                              const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& workspace,
                              double sm_scale, int64_t q_len, int64_t row_groups, int64_t row_blocks,
-                             int64_t splits, int64_t chunk_keys) {
+                             int64_t splits, int64_t chunk_keys, bool split_schedulers) {
   check_cuda(q, "q");
   TORCH_CHECK(q.dim() == 3 && q.size(2) == kdtree::kHeadDim && q.stride(2) == 1 && q.scalar_type() == at::kBFloat16,
               "q must be bf16 [T, H, 576] with a contiguous last dim");
@@ -99,6 +99,7 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
   p.row_blocks = static_cast<int>(row_blocks);
   p.splits = static_cast<int>(splits);
   p.chunk_keys = static_cast<int>(chunk_keys);
+  p.split_schedulers = split_schedulers ? 1 : 0;
   p.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
 
   const c10::cuda::CUDAGuard guard(q.device());

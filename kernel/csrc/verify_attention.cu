@@ -9,11 +9,21 @@
 namespace kdtree {
 namespace {
 
-VerifyKernelFn kernel_for(int row_groups, bool int64_indices) {
-  return int64_indices ? verify_kernel_i64(row_groups) : verify_kernel_i32(row_groups);
+VerifyKernelFn kernel_for(int row_groups, bool int64_indices, bool split_schedulers) {
+  return int64_indices ? verify_kernel_i64(row_groups, split_schedulers)
+                       : verify_kernel_i32(row_groups, split_schedulers);
 }
 
-int threads_for(int row_groups) { return (row_groups * kScoreHalves + kValueWarps) * 32; }
+int threads_for(int row_groups, bool split_schedulers) {
+  switch (row_groups) {
+    case 1:
+      return launch_threads<1, false>();
+    case 2:
+      return launch_threads<2, false>();
+    default:
+      return split_schedulers ? launch_threads<3, true>() : launch_threads<3, false>();
+  }
+}
 
 }  // namespace
 
@@ -114,12 +124,12 @@ int verify_smem_bytes(int row_groups) {
 }
 
 int verify_blocks_per_sm(int row_groups) {
-  VerifyKernelFn fn = kernel_for(row_groups, false);
+  VerifyKernelFn fn = kernel_for(row_groups, false, false);  // both layouts: one block per SM
   if (fn == nullptr) return 0;
   const int smem = verify_smem_bytes(row_groups);
   if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return 0;
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads_for(row_groups), smem) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads_for(row_groups, false), smem) != cudaSuccess) {
     return 0;
   }
   return blocks;
@@ -130,13 +140,14 @@ cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream) 
       p.splits < 1 || p.chunk_keys < 0 || p.chunk_keys % kChunkAlign != 0 || p.row_blocks < 1) {
     return cudaErrorInvalidValue;
   }
-  VerifyKernelFn fn = kernel_for(p.row_groups, p.indices_are_int64 != 0);
+  const bool split = p.split_schedulers != 0;
+  VerifyKernelFn fn = kernel_for(p.row_groups, p.indices_are_int64 != 0, split);
   if (fn == nullptr) return cudaErrorInvalidValue;
   const int smem = verify_smem_bytes(p.row_groups);
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.row_blocks, p.splits, p.bs);
-  fn<<<grid, threads_for(p.row_groups), smem, stream>>>(p);
+  fn<<<grid, threads_for(p.row_groups, split), smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.splits == 1) return err;
   const dim3 combine_grid(p.q_len * p.heads, p.bs);

@@ -43,6 +43,7 @@ struct VerifyParams {
   int row_blocks;             // blocks along the (token, head) rows of one request
   int splits;                 // KV chunks per request (grid dimension, fixed at capture)
   int chunk_keys;             // keys per chunk, a multiple of kChunkAlign; 0: per request (see chunk_for)
+  int split_schedulers;       // 1: the RG = 3 block's split warp layout (long chunks; kdtree_kernel.plan)
   float scale_log2;           // sm_scale * log2(e)
 };
 

@@ -5,18 +5,18 @@
 
 namespace kdtree {
 
-VerifyKernelFn verify_kernel_i64(int row_groups) {
+VerifyKernelFn verify_kernel_i64(int row_groups, bool split_schedulers) {
   switch (row_groups) {
     case 1:
-      return verify_attention_kernel<1, kStages, int64_t>;
+      return verify_attention_kernel<1, kStages, int64_t, false>;
     case 2:
-      return verify_attention_kernel<2, kStages, int64_t>;
+      return verify_attention_kernel<2, kStages, int64_t, false>;
     case 3:
-      return verify_attention_kernel<3, kStages, int64_t>;
+      return split_schedulers ? verify_attention_kernel<3, kStages, int64_t, true>
+                              : verify_attention_kernel<3, kStages, int64_t, false>;
     default:
       return nullptr;
   }
 }
-
 
 }  // namespace kdtree

@@ -15,6 +15,8 @@
 //   RG row tiles, and P arrives through ldmatrix.
 // The two roles run one tile apart: in step `it` the score warps work on tile it while the value warps
 // finish tile it - 1; P and the rescale factors are double-buffered.
+// The 48-row block places the roles in one of two layouts (score_slot): mixed on every scheduler, or split
+// (score warps alone on schedulers 2 and 3), which the planner picks for chunks of 1024 keys or more.
 //
 // Measured (H200, kernel/bench/probe_memory.py, results-h200.md, ab-h200.md, ncu source counters): neither
 // DRAM nor the shared-memory pipe is the limit; the warps' dependent chains are. At bs 64 x 8192 the tensor
@@ -30,6 +32,10 @@
 // more than the latency they hid), and one bulk copy (cp.async.bulk + mbarrier, padded rows) per key row
 // instead of 72 cp.async pieces (+35%). The gathers stay on value warps of schedulers 0 and 1: moving half of
 // them to schedulers 2 and 3, which carry two score warps each, cost 9%; spreading them over all 8 value warps, 4%.
+// Taking work out of the loop to find the critical path (ab-h200.md, L and N; results wrong, times only): without the
+// P V step 24% faster, without the S mma 20%, without the score warps' exchange and softmax 10%, with 1/6 of the
+// K ldmatrix 6%, without the partial-score exchange 4%, without the gathers 0%. Both roles are near-critical:
+// moving the softmax to the value warps (score warps only store partial scores) made it 37% slower (M).
 //
 // Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows swizzled, see swizzled_piece, so the
 // 8 row reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
@@ -76,20 +82,26 @@ __device__ __forceinline__ uint32_t swizzled_piece(int piece, int row) {
   return static_cast<uint32_t>(piece ^ (row & 7)) * 16;
 }
 
-// Warp roles. Scheduler s of an SM issues for warps s, s + 4, ... (warp % 4). Score warps (36 mma per step
-// each) and value warps (8 * RG) are placed so that the four schedulers get near-equal tensor work: with RG = 3
-// (14 warps) score warps {0, 1, 2, 3, 6, 7} give 108 / 108 / 96 / 96 mma per step, where warps 0..5 gave
-// 120 / 120 / 84 / 84 (5-6% faster on the large cases, kernel/bench/ab-h200.md). Returns the warp's index
-// within its role.
-template <int RG>
+// Warp roles. Scheduler s of an SM issues for warps s, s + 4, ... (warp % 4). Two layouts of the RG = 3 block:
+// - mixed (14 warps): score warps (36 mma per step each) and value warps (8 * RG) share the schedulers so that
+//   each gets near-equal tensor work: score warps {0, 1, 2, 3, 6, 7} give 108 / 108 / 96 / 96 mma per step, where
+//   warps 0..5 gave 120 / 120 / 84 / 84 (5-6% faster on the large cases, kernel/bench/ab-h200.md, A).
+// - split (kSplit, 16 warps, two of them idle): schedulers 2 and 3 carry only score warps (2, 6, 10 / 3, 7, 11:
+//   108 mma per step each, the two halves of a pair on different schedulers), schedulers 0 and 1 only value warps
+//   (96 mma each) and every gather. 3-6% faster where a block runs 64 or more tiles, but ~0.6 us slower per
+//   call on short chunks (bs = 1), so the planner picks it by chunk length (plan.py, ab-h200.md, L, M, O).
+// RG = 1 puts its two score warps on schedulers 2 and 3 as well. Returns the warp's index within its role, or -1.
+template <int RG, bool kSplit>
 __device__ __forceinline__ int score_slot(int warp) {
   if constexpr (RG == 1) return warp == 2 || warp == 3 ? warp - 2 : -1;
+  if constexpr (RG == 3 && kSplit) return warp % 4 >= 2 && warp < 12 ? (warp / 4) * 2 + warp % 4 - 2 : -1;
   if constexpr (RG == 3) return warp < 4 ? warp : (warp == 6 || warp == 7 ? warp - 2 : -1);
   return warp < 2 * RG ? warp : -1;
 }
-template <int RG>
+template <int RG, bool kSplit>
 __device__ __forceinline__ int value_slot(int warp) {
   if constexpr (RG == 1) return warp < 2 ? warp : warp - 2;
+  if constexpr (RG == 3 && kSplit) return warp % 4 < 2 ? (warp / 4) * 2 + warp % 4 : -1;
   if constexpr (RG == 3) return warp < 6 ? warp - 4 : warp - 6;
   return warp - 2 * RG;
 }
@@ -104,7 +116,7 @@ struct TileConfig {
   static constexpr int kIndexSlots = 2 * STAGES - 4;    // ring of per-tile pool-row vectors
   static constexpr int kScoreWarps = RG * kScoreHalves;
   static constexpr int kWarps = kScoreWarps + kValueWarps;
-  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kThreads = kWarps * 32;  // the working threads, which meet at the block barriers
   static constexpr int kBlockM = RG * 16;
   static constexpr int kStageBytes = kBlockN * kRowBytes;
   static constexpr int kPBufBytes = kBlockM * kPRowBytes;
@@ -116,6 +128,12 @@ struct TileConfig {
   static constexpr int kIndexOffset = kExchangeOffset + RG * kScoreHalves * 2 * 32 * 16;
   static constexpr int kSmemBytes = kIndexOffset + kIndexSlots * kBlockN * 8;
 };
+
+// Threads a block launches: the working ones, plus the split layout's two idle warps.
+template <int RG, bool kSplit>
+constexpr int launch_threads() {
+  return (RG == 3 && kSplit ? 16 : RG * kScoreHalves + kValueWarps) * 32;
+}
 
 static_assert(TileConfig<kMaxRowGroups, kStages>::kSmemBytes <= 99 * 1024, "the widest block must fit sm_120's 99 KB");
 
@@ -271,8 +289,8 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
   }
 }
 
-template <int RG, int STAGES, typename IdxT>
-__global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
+template <int RG, int STAGES, typename IdxT, bool kSplit>
+__global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
     verify_attention_kernel(const VerifyParams p) {
   using Cfg = TileConfig<RG, STAGES>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -306,9 +324,10 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
   float* inv_sum_smem = reinterpret_cast<float*>(smem + Cfg::kStatsOffset);
   float* pair_sum_smem = reinterpret_cast<float*>(smem + Cfg::kPairSumOffset);
 
-  const int score_warp = score_slot<RG>(warp);  // index among the score warps, or -1
+  const int score_warp = score_slot<RG, kSplit>(warp);  // index among the score warps, or -1
   const bool score_role = score_warp >= 0;
-  const int value_warp = value_slot<RG>(warp);
+  const int value_warp = value_slot<RG, kSplit>(warp);
+  if (!score_role && value_warp < 0) return;  // an idle warp of the split layout (block barriers count the rest)
   const int vtid = value_warp * 32 + lane;  // index among the value threads (gathers, pool rows)
 
   // Prologue (value threads): pool rows of the first kIndexSlots tiles, then the gathers of tiles
@@ -323,7 +342,7 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
     cp_async_commit();
     cp_async_wait<0>();
   }
-  __syncthreads();
+  named_barrier(0, Cfg::kThreads);
   if (!score_role) {
 #pragma unroll
     for (int t = 0; t < Cfg::kAhead; ++t) {
@@ -379,7 +398,7 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
     score_k_lanes(half, lane, k_lane);
 
     for (int it = 0; it <= n_tiles; ++it) {
-      __syncthreads();  // tile `it` has landed (the value threads waited for it), the buffers are free
+      named_barrier(0, Cfg::kThreads);  // tile `it` has landed (the value threads waited for it), buffers are free
       if (it < n_tiles && warp_live) {
         score_tile(p, qf, k_lane, half, exchange, 1 + pair, st, smem_base + (it % STAGES) * Cfg::kStageBytes,
                    smem + Cfg::kPOffset + (it % 2) * Cfg::kPBufBytes, alpha_smem + (it % 2) * Cfg::kBlockM,
@@ -412,7 +431,7 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
         p.part_lse[(static_cast<int64_t>(b) * p.splits + split) * rows + r] = lse2;
       }
     }
-    __syncthreads();
+    named_barrier(0, Cfg::kThreads);
     return;
   }
 
@@ -439,7 +458,7 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
     // Group j holds tile j (j < kAhead: prologue; else committed by step j - kAhead): all but the newest
     // kAhead - 1 done means tile `it` has landed, for this thread; the barrier makes it so for every thread.
     cp_async_wait<Cfg::kAhead - 1>();
-    __syncthreads();
+    named_barrier(0, Cfg::kThreads);
     const int ahead = it + Cfg::kAhead;  // into the stage of tile it - 2, which the value warps finished
     if (ahead < n_tiles) {
       gather_tile<IdxT>(smem_base + (ahead % STAGES) * Cfg::kStageBytes, kv, p.kv_row_stride,
@@ -499,7 +518,7 @@ __global__ void __launch_bounds__(TileConfig<RG, STAGES>::kThreads, 1)
     }
   }
   cp_async_wait<0>();  // leave no copy in flight into shared memory of an exiting block
-  __syncthreads();     // the score warps' 1 / sum values
+  named_barrier(0, Cfg::kThreads);  // the score warps' 1 / sum values
 
   // Epilogue: normalise, write the output or this chunk's partial.
 #pragma unroll

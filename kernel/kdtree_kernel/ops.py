@@ -143,5 +143,6 @@ def verify_attention(
         plan.row_blocks,
         plan.splits,
         0 if os.environ.get(ADAPTIVE_CHUNKS_ENV) == "1" else plan.chunk_keys,
+        plan.split_schedulers,
     )
     return out

@@ -26,6 +26,10 @@ MAX_SPLITS = 256
 BLOCK_OVERHEAD_TILES = 1.5
 COMBINE_LAUNCH_TILES = 2.0
 BYTES_PER_TILE_STEP = 4.9e6
+# The 48-row block has two warp layouts (csrc/verify_attention_kernel.cuh, score_slot): the split one is 3-6%
+# faster once a block runs 64 or more 16-key tiles, and ~0.6 us slower per call on short chunks
+# (kernel/bench/ab-h200.md, L, M).
+SPLIT_SCHEDULERS_MIN_KEYS = 1024
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,11 @@ class LaunchPlan:
     chunk_keys: int  # keys per chunk, a multiple of BLOCK_N
     rows: int  # q_len * heads
     bs: int
+
+    @property
+    def split_schedulers(self) -> bool:
+        """Whether the 48-row block runs its split warp layout (score and value warps on separate schedulers)."""
+        return self.row_groups == MAX_ROW_GROUPS and self.chunk_keys >= SPLIT_SCHEDULERS_MIN_KEYS
 
     @property
     def workspace_bytes(self) -> int:

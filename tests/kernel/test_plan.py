@@ -113,3 +113,26 @@ H200_FASTEST_CHUNK = {
 def test_plan_picks_the_chunk_measured_fastest(case: tuple[int, int, int, int], chunk: int) -> None:
     bs, prefix, q_len, heads = case
     assert plan_launch(bs, q_len, heads, prefix, num_sms=SMS).chunk_keys == chunk
+
+
+@pytest.mark.parametrize(
+    ("bs", "prefix", "q_len", "heads", "split_layout"),
+    [
+        # The A/B cases of kernel/bench/ab-h200.md (L): the split layout lost on chunks of 2-32 tiles, won from 66.
+        (1, 1024, 9, 8, False),
+        (1, 8192, 9, 8, False),
+        (1, 32768, 9, 8, False),
+        (8, 8192, 9, 8, True),
+        (64, 8192, 9, 8, True),
+        (32, 32768, 16, 8, True),
+        (32, 4096, 32, 8, True),
+        (8, 8192, 64, 16, True),
+        (64, 8192, 2, 16, False),  # 32 rows: the 2-row-group block has one layout
+    ],
+)
+def test_split_warp_layout_only_for_long_chunks(
+    bs: int, prefix: int, q_len: int, heads: int, split_layout: bool
+) -> None:
+    plan = plan_launch(bs, q_len, heads, prefix, num_sms=SMS)
+    assert plan.split_schedulers is split_layout
+    assert plan.split_schedulers == (plan.row_groups == MAX_ROW_GROUPS and plan.chunk_keys >= 1024)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from kdtree_kernel import (
     extension_available,
+    launch_plan,
     workspace_size,
 )
 from kdtree_kernel.testing import make_case, rel_error
@@ -163,6 +164,26 @@ def test_deterministic_across_calls() -> None:
 )
 def test_every_row_group_count_matches_reference(bs: int, prefix: int, q_len: int, heads: int, kind: str) -> None:
     case = make_case(bs, prefix, q_len, heads, kind=kind, ragged=True, seed=bs + q_len)
+    out, lse = _run(case)
+    ref, ref_lse = _reference(case)
+    assert rel_error(out, ref) <= REL_TOL
+    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("bs", "prefix", "q_len", "heads", "split_layout"),
+    [
+        (1, 5000, 9, 8, False),  # short chunks: the mixed layout
+        (8, 8192, 9, 8, True),  # chunks of 1056 keys with a combine: the split layout
+        (64, 2000, 5, 8, True),  # 40 rows, 2 chunks of 1024: the third score pair half dead
+        (64, 1500, 9, 8, True),  # 72 rows, one chunk: the second block's third score pair idle
+    ],
+)
+def test_both_warp_layouts_match_reference(bs: int, prefix: int, q_len: int, heads: int, split_layout: bool) -> None:
+    plan = launch_plan(bs, q_len, heads, prefix)
+    assert plan.row_groups == 3
+    assert plan.split_schedulers is split_layout
+    case = make_case(bs, prefix, q_len, heads, kind="tree", ragged=True, seed=bs * prefix + q_len)
     out, lse = _run(case)
     ref, ref_lse = _reference(case)
     assert rel_error(out, ref) <= REL_TOL

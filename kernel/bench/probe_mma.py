@@ -1,0 +1,63 @@
+"""mma.sync issue rate by warps per SM (H200 diagnostic): how many warps per scheduler it takes to keep the tensor
+pipe busy with 8 independent m16n8k16 accumulators per warp, and the SM clock while it runs.
+
+    KDTREE_EXT_DIR=kernel/build python3 kernel/bench/probe_mma.py --out probe-mma.json
+
+Each point: one block per SM of `warps` warps (so warps / 4 per scheduler), CUDA-event median of 20 launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kdtree_kernel import load_extension
+
+ITERS = 4096
+
+
+def time_ms(fn, reps: int = 20) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    ext = load_extension()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sink = torch.zeros(sms * 8, dtype=torch.float32, device="cuda")
+    rows = []
+    for warps in (1, 2, 4, 8, 12, 16, 24, 32):
+        flops = ext.mma_rate_probe(sink, sms, warps, ITERS)
+        ms = time_ms(lambda w=warps: ext.mma_rate_probe(sink, sms, w, ITERS))
+        mma_per_warp = ITERS * 8
+        row = {
+            "warps_per_sm": warps,
+            "tflops": round(flops / ms / 1e9, 1),
+            "us": round(ms * 1e3, 1),
+            # cycles between one warp's mma issues would need the clock; report ns per mma per warp instead
+            "ns_per_mma_per_warp": round(ms * 1e6 / mma_per_warp, 3),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    args.out.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
