@@ -19,12 +19,13 @@
 // (score warps alone on schedulers 2 and 3), which the planner picks for chunks of 1024 keys or more.
 //
 // Measured (H200, kernel/bench/probe_memory.py, results-h200.md, ab-h200.md, ncu source counters): neither
-// DRAM nor the shared-memory pipe is the limit; the warps' dependent chains are. At bs 64 x 8192 the tensor
-// pipe is 32% busy and issue slots 32%, with 0.5 eligible warps per scheduler: each warp issues ~140 (value)
-// to ~175 (score) instructions per 16-key step, and both roles wait ~27% of the time at the step's barrier.
-// The score warps (S mma chains waiting on ldmatrix, then the exchange and the softmax) are the critical path:
-// work moved off the value warps (rescale flags) did not help, work added to the score warps (a flag vote)
-// cost 3%. Issuing the score mma first (value warps held on a barrier), replacing the block barrier by an
+// DRAM nor the shared-memory pipe is the limit; the warps' dependent chains are. At bs 64 x 8192 (split layout)
+// the tensor pipe is ~36% busy and issue slots 31%, with 0.5 eligible warps per scheduler; per 16-key step a
+// score warp issues 167 instructions and waits 27% of its time at the block barrier, a value warp 126 and 17%;
+// both wait mostly on fixed-latency dependencies (26-30%) and shared-memory results (15-24%).
+// In the mixed layout the score warps (S mma chains waiting on ldmatrix, then the exchange and the softmax) were
+// the critical path: work moved off the value warps (rescale flags) did not help, work added to the score
+// warps (a flag vote) cost 3%. Issuing the score mma first (value warps held on a barrier), replacing the block barrier by an
 // mbarrier hand-over, and software-pipelining the score warps by a tile (which leaves the gathers one step of
 // latency cover instead of two) were all slower, by 1.5%, 40% and 16% (ab-h200.md); the previous design (4
 // warps per 16 rows splitting the dims, 32-key tiles) was 5-15% slower on every case. Two gather variants
