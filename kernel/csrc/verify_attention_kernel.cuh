@@ -33,6 +33,8 @@
 // more than the latency they hid), and one bulk copy (cp.async.bulk + mbarrier, padded rows) per key row
 // instead of 72 cp.async pieces (+35%). The gathers stay on value warps of schedulers 0 and 1: moving half of
 // them to schedulers 2 and 3, which carry two score warps each, cost 9%; spreading them over all 8 value warps, 4%.
+// In the split layout, its two idle warps (on schedulers 2 and 3) as gather producers cost 6-8% (R), spreading
+// the gathers over all 8 value warps 11% (Q).
 // Taking work out of the loop to find the critical path (ab-h200.md, L and N; results wrong, times only): without the
 // P V step 24% faster, without the S mma 20%, without the score warps' exchange and softmax 10%, with 1/6 of the
 // K ldmatrix 6%, without the partial-score exchange 4%, without the gathers 0%. Both roles are near-critical:
