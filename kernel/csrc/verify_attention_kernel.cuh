@@ -25,9 +25,9 @@
 // both wait mostly on fixed-latency dependencies (26-30%) and shared-memory results (15-24%).
 // In the mixed layout the score warps (S mma chains waiting on ldmatrix, then the exchange and the softmax) were
 // the critical path: work moved off the value warps (rescale flags) did not help, work added to the score
-// warps (a flag vote) cost 3%. Issuing the score mma first (value warps held on a barrier), replacing the block barrier by an
-// mbarrier hand-over, and software-pipelining the score warps by a tile (which leaves the gathers one step of
-// latency cover instead of two) were all slower, by 1.5%, 40% and 16% (ab-h200.md); the previous design (4
+// warps (a flag vote) cost 3%. Issuing the score mma first (value warps held on a barrier), replacing the block
+// barrier by an mbarrier hand-over, and software-pipelining the score warps by a tile (which leaves the gathers
+// one step of latency cover instead of two) were all slower, by 1.5%, 40% and 16% (ab-h200.md); the previous design (4
 // warps per 16 rows splitting the dims, 32-key tiles) was 5-15% slower on every case. Two gather variants
 // were slower too: key rows prefetched into L2 two tiles ahead of their gathers (+13%: the extra requests cost
 // more than the latency they hid), and one bulk copy (cp.async.bulk + mbarrier, padded rows) per key row
