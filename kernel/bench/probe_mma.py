@@ -1,5 +1,5 @@
 """mma.sync issue rate by warps per SM (H200 diagnostic): how many warps per scheduler it takes to keep the tensor
-pipe busy with 8 independent m16n8k16 accumulators per warp, and the SM clock while it runs.
+pipe busy with 8 independent m16n8k16 accumulators per warp (csrc/mma_rate.cu).
 
     KDTREE_EXT_DIR=kernel/build python3 kernel/bench/probe_mma.py --out probe-mma.json
 
@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kdtree_kernel import load_extension
 
 ITERS = 4096
+FLOP_PER_MMA = 2 * 16 * 8 * 16  # m16n8k16
 
 
 def time_ms(fn, reps: int = 20) -> float:
@@ -46,12 +47,11 @@ def main() -> None:
     for warps in (1, 2, 4, 8, 12, 16, 24, 32):
         flops = ext.mma_rate_probe(sink, sms, warps, ITERS)
         ms = time_ms(lambda w=warps: ext.mma_rate_probe(sink, sms, w, ITERS))
-        mma_per_warp = ITERS * 8
+        mma_per_warp = flops / FLOP_PER_MMA / (sms * warps)
         row = {
             "warps_per_sm": warps,
             "tflops": round(flops / ms / 1e9, 1),
             "us": round(ms * 1e3, 1),
-            # cycles between one warp's mma issues would need the clock; report ns per mma per warp instead
             "ns_per_mma_per_warp": round(ms * 1e6 / mma_per_warp, 3),
         }
         rows.append(row)

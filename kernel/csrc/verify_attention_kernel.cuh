@@ -132,10 +132,11 @@ struct TileConfig {
   static constexpr int kSmemBytes = kIndexOffset + kIndexSlots * kBlockN * 8;
 };
 
-// Threads a block launches: the working ones, plus the split layout's two idle warps.
+// Threads a block launches: the working ones (those the block barriers count), plus the split layout's two idle
+// warps.
 template <int RG, bool kSplit>
 constexpr int launch_threads() {
-  return (RG == 3 && kSplit ? 16 : RG * kScoreHalves + kValueWarps) * 32;
+  return TileConfig<RG, kStages>::kThreads + (RG == 3 && kSplit ? 2 * 32 : 0);
 }
 
 static_assert(TileConfig<kMaxRowGroups, kStages>::kSmemBytes <= 99 * 1024, "the widest block must fit sm_120's 99 KB");
