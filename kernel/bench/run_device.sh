@@ -32,6 +32,13 @@ for stage in $stages; do
       python3 kernel/bench/probe_memory.py 2>&1 | tee "$OUT/probe.log" ;;
     splits)
       python3 kernel/bench/probe_splits.py --out "$OUT/splits.jsonl" > "$OUT/splits.log" 2>&1; tail -3 "$OUT/splits.log" ;;
+    steps)
+      python3 kernel/bench/probe_steps.py --out "$OUT/steps.jsonl" 2>&1 | tail -12 ;;
+    trace)
+      # Per-warp clock trace of one block's steps: kernel/csrc with trace-kernel.diff applied, built aside.
+      rm -rf /tmp/trace-src && cp -r kernel/csrc /tmp/trace-src && patch -s -d /tmp/trace-src -p1 < kernel/bench/trace-kernel.diff || exit 14
+      python3 deploy/build_extension.py --arch 9.0 --source-dir /tmp/trace-src --out /tmp/trace-build --log "$OUT/build-trace.log" --timeout 420 --jobs 16 || exit 14
+      KDTREE_EXT_DIR=/tmp/trace-build python3 kernel/bench/trace_steps.py --out "$OUT/trace.json" ;;
     kernel-times)
       python3 kernel/bench/probe_splits.py --kernel-times --out "$OUT/kernel-times.jsonl" 2>&1 | tail -6 ;;
     quick-bench)

@@ -37,8 +37,12 @@
 // the gathers over all 8 value warps 11% (Q).
 // Taking work out of the loop to find the critical path (ab-h200.md, L and N; results wrong, times only): without the
 // P V step 24% faster, without the S mma 20%, without the score warps' exchange and softmax 10%, with 1/6 of the
-// K ldmatrix 6%, without the partial-score exchange 4%, without the gathers 0%. Both roles are near-critical:
-// moving the softmax to the value warps (score warps only store partial scores) made it 37% slower (M).
+// K ldmatrix 6%, without the partial-score exchange 4%. Both roles are near-critical: moving the softmax to the
+// value warps (score warps only store partial scores) made it 37% slower (M). A per-warp clock trace (V: a step
+// is ~1630 cycles) has the four gather-issuing value warps reach the block barrier last, ~60 cycles after the
+// score warps: a tile's 36 cp.async cost them ~370 cycles, hidden only at the start of the step (issuing them
+// later, 9-31% slower, S; each value warp refilling its own line after its P V, 58-68% slower, U). The step time
+// does not move with the DRAM traffic or with more stages in flight (steps-h200.md, T): memory latency is covered.
 //
 // Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows swizzled, see swizzled_piece, so the
 // 8 row reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
