@@ -39,8 +39,8 @@
 // P V step 24% faster, without the S mma 20%, without the score warps' exchange and softmax 10%, with 1/6 of the
 // K ldmatrix 6%, without the partial-score exchange 4%. Both roles are near-critical: moving the softmax to the
 // value warps (score warps only store partial scores) made it 37% slower (M). A per-warp clock trace (V: a step
-// is ~1630 cycles) has the four gather-issuing value warps reach the block barrier last, ~60 cycles after the
-// score warps: a tile's 36 cp.async cost them ~370 cycles, hidden only at the start of the step (issuing them
+// is ~1630 cycles) has the four gather-issuing value warps reach the block barrier last, ~80 cycles after the
+// score warps: a tile's 36 cp.async cost them ~380 cycles, hidden only at the start of the step (issuing them
 // later, 9-31% slower, S; each value warp refilling its own line after its P V, 58-68% slower, U). The step time
 // does not move with the DRAM traffic or with more stages in flight (steps-h200.md, T): memory latency is covered.
 //
