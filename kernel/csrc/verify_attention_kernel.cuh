@@ -128,7 +128,7 @@ struct TileConfig {
   static constexpr int kStageBytes = kBlockN * kRowBytes;
   static constexpr int kPBufBytes = kBlockM * kPRowBytes;
   static constexpr int kPOffset = STAGES * kStageBytes;
-  static constexpr int kAlphaOffset = kPOffset + 2 * kPBufBytes;     // float [2][kBlockM]
+  static constexpr int kAlphaOffset = kPOffset + 2 * kPBufBytes;     // float [2][kBlockM], rows g, g + 8 paired
   static constexpr int kStatsOffset = kAlphaOffset + 2 * kBlockM * 4;  // float [kBlockM]: 1 / row sum
   static constexpr int kPairSumOffset = kStatsOffset + kBlockM * 4;  // float [kBlockM]: half 1's row sums
   static constexpr int kExchangeOffset = kPairSumOffset + kBlockM * 4;  // float4 [RG][halves][2][32]: partial S
@@ -292,7 +292,7 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
     const float e1 = fast_exp2(fmaf(half == 0 ? sc[0][2 * i + 1] : sc[1][2 * i + 1], p.scale_log2, -base));
     st.row_sum[i] = st.row_sum[i] * alpha + (e0 + e1);
     const int row = local_row0 + g + 8 * i;
-    if (c == 0 && half == 0) alpha_buf[row] = alpha;
+    if (c == 0 && half == 0) alpha_buf[local_row0 + 2 * g + i] = alpha;  // rows g, g + 8 side by side
     *reinterpret_cast<uint32_t*>(p_buf + row * kPRowBytes + (half * 8 + 2 * c) * 2) = pack_bf16x2(e0, e1);
   }
 }
@@ -498,8 +498,10 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
 #pragma unroll
     for (int m = 0; m < RG; ++m) {
       if (!tile_live[m]) continue;
-      const float a0 = alpha[m * 16 + g];
-      const float a1 = alpha[m * 16 + g + 8];
+      // Rows g and g + 8 sit side by side (score_tile): one 8-byte load, 0.5-2% faster (ab-h200.md W, X).
+      const float2 a01 = *reinterpret_cast<const float2*>(alpha + m * 16 + 2 * g);
+      const float a0 = a01.x;
+      const float a1 = a01.y;
       // Rescale only when a row's maximum moved (rare once the prefix maximum is found).
       if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
