@@ -19,15 +19,16 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_verify import CALLS_PER_GRAPH, CaseRunner, graph_time_us
-from kdtree_kernel.plan import plan_launch
+from kdtree_kernel.plan import HEAD_DIM, plan_launch
 
-# (bs, prefix, q_len, heads): 1, 2 or 3 blocks per request; q 9 x H 8 (48 + 24 rows) beside all-full blocks.
+# (bs, prefix, q_len, heads): 1, 2, 3 or 6 blocks per request; q 9 x H 8 (48 + 24 rows) beside all-full blocks.
 CASES = [
     (64, 8192, 9, 8),
     (48, 8192, 9, 8),
@@ -40,9 +41,10 @@ CASES = [
     (22, 8192, 32, 8),
 ]
 SAMPLE_S = 1.5
+TILE_KEYS = 16  # keys per kernel step (kBlockN in csrc/verify_attention_kernel.cuh)
 
 
-def sustained_clock(calls: list) -> dict:
+def sustained_clock(calls: list[Callable[[], object]]) -> dict:
     """Replays a graph of ``calls`` for SAMPLE_S seconds while nvidia-smi samples the SM clock and power."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -81,7 +83,7 @@ def main() -> None:
             plan = plan_launch(bs, q_len, heads, prefix, num_sms=sms)
             blocks = bs * plan.row_blocks * plan.splits
             waves = math.ceil(blocks / sms)
-            steps = math.ceil(plan.chunk_keys / 16)
+            steps = math.ceil(plan.chunk_keys / TILE_KEYS)
             r = CaseRunner(bs, prefix, q_len, heads, "tree", seed=7000 + i)
             calls = [r.ours(x) for x in r.cases]
             us = graph_time_us(calls)
@@ -98,7 +100,7 @@ def main() -> None:
                 "steps": steps,
                 "us": round(us, 1),
                 "us_per_step": round(us / (waves * steps), 4),
-                "dram_gbps_unique": round(bs * (prefix + q_len) * 1152 / us / 1e3),
+                "dram_gbps_unique": round(bs * (prefix + q_len) * HEAD_DIM * 2 / us / 1e3),
                 **sustained_clock(calls),
             }
             print(json.dumps(rec), flush=True)

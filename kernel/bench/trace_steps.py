@@ -3,7 +3,7 @@
 Needs a build of kernel/csrc with trace-kernel.diff applied (`run_device.sh trace` makes one): block (row block 0,
 split 0) of request 5 then writes %clock at fixed points of steps 100..107 into its own output rows (so its
 output is garbage), for each of the split layout's warps. This script runs bs 64 x 8192 q 9 H 8, reads the
-clocks back and prints, per step and role, the median cycle (relative to the block barrier's release, the
+clocks back and prints, per role, the median cycle (relative to the block barrier's release, the
 earliest post-barrier clock of a score warp) at which each phase ends.
 
     KDTREE_EXT_DIR=/tmp/trace-build python3 kernel/bench/trace_steps.py --out trace.json
@@ -24,6 +24,7 @@ from bench_verify import CaseRunner
 from kdtree_kernel.plan import VALUE_DIM
 
 TRACE_REQ, TRACE_STEPS, TRACE_EVENTS = 5, 8, 8  # as in trace-kernel.diff
+TRACE_WARPS = 16  # the split layout's block (14 working warps and 2 idle)
 SCORE = [2, 3, 6, 7, 10, 11]  # split layout (csrc score_slot)
 GATHER = [0, 1, 4, 5]  # value warps 0..3: the 128 threads that issue the gathers
 OTHER_VALUE = [8, 9, 12, 13]
@@ -81,7 +82,7 @@ def main() -> None:
         r.out.zero_()
         r.ours(x)()
         torch.cuda.synchronize()
-        words = r.out.view(-1).view(torch.int32)[start : start + 16 * TRACE_STEPS * TRACE_EVENTS]
+        words = r.out.view(-1).view(torch.int32)[start : start + TRACE_WARPS * TRACE_STEPS * TRACE_EVENTS]
         runs.append(summarise([w & 0xFFFFFFFF for w in words.cpu().tolist()]))
     result = {k: round(statistics.median(run[k] for run in runs)) for k in runs[0]}
     for k, v in result.items():
