@@ -102,7 +102,7 @@ def main() -> None:
                     "heads": heads,
                     "chunk": plan.chunk_keys,
                     "splits": plan.splits,
-                    "blocks": plan.splits * plan.row_blocks * bs,
+                    "blocks": plan.blocks,
                     "label": label,
                     "us": round(us, 2),
                 }

@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_verify import CALLS_PER_GRAPH, CaseRunner, graph_time_us
-from kdtree_kernel.plan import HEAD_DIM, plan_launch
+from kdtree_kernel.ops import launch_plan
+from kdtree_kernel.plan import HEAD_DIM
 
 # (bs, prefix, q_len, heads): 1, 2, 3 or 6 blocks per request; q 9 x H 8 (48 + 24 rows) beside all-full blocks.
 CASES = [
@@ -80,9 +81,8 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     with args.out.open("a") as out:
         for i, (bs, prefix, q_len, heads) in enumerate(CASES):
-            plan = plan_launch(bs, q_len, heads, prefix, num_sms=sms)
-            blocks = bs * plan.row_blocks * plan.splits
-            waves = math.ceil(blocks / sms)
+            plan = launch_plan(bs, q_len, heads, prefix)  # the grid the op launches
+            waves = math.ceil(plan.blocks / sms)  # one block per SM (the kernel's launch bounds)
             steps = math.ceil(plan.chunk_keys / TILE_KEYS)
             r = CaseRunner(bs, prefix, q_len, heads, "tree", seed=7000 + i)
             calls = [r.ours(x) for x in r.cases]
@@ -95,7 +95,7 @@ def main() -> None:
                 "row_blocks": plan.row_blocks,
                 "splits": plan.splits,
                 "split_layout": plan.split_schedulers,
-                "blocks": blocks,
+                "blocks": plan.blocks,
                 "waves": waves,
                 "steps": steps,
                 "us": round(us, 1),

@@ -42,6 +42,11 @@ class LaunchPlan:
     bs: int
 
     @property
+    def blocks(self) -> int:
+        """Blocks of the main kernel's grid: row blocks x KV chunks x requests."""
+        return self.row_blocks * self.splits * self.bs
+
+    @property
     def split_schedulers(self) -> bool:
         """Whether the 48-row block runs its split warp layout (score and value warps on separate schedulers)."""
         return self.row_groups == MAX_ROW_GROUPS and self.chunk_keys >= SPLIT_SCHEDULERS_MIN_KEYS
