@@ -23,18 +23,20 @@
 // the tensor pipe is ~36% busy and issue slots 31%, with 0.5 eligible warps per scheduler; per 16-key step a
 // score warp issues 167 instructions and waits 27% of its time at the block barrier, a value warp 126 and 17%;
 // both wait mostly on fixed-latency dependencies (26-30%) and shared-memory results (15-24%).
-// In the mixed layout the score warps (S mma chains waiting on ldmatrix, then the exchange and the softmax) were
-// the critical path: work moved off the value warps (rescale flags) did not help, work added to the score
-// warps (a flag vote) cost 3%. Issuing the score mma first (value warps held on a barrier), replacing the block
-// barrier by an mbarrier hand-over, and software-pipelining the score warps by a tile (which leaves the gathers
-// one step of latency cover instead of two) were all slower, by 1.5%, 40% and 16% (ab-h200.md); the previous design (4
-// warps per 16 rows splitting the dims, 32-key tiles) was 5-15% slower on every case. Two gather variants
-// were slower too: key rows prefetched into L2 two tiles ahead of their gathers (+13%: the extra requests cost
-// more than the latency they hid), and one bulk copy (cp.async.bulk + mbarrier, padded rows) per key row
-// instead of 72 cp.async pieces (+35%). The gathers stay on value warps of schedulers 0 and 1: moving half of
-// them to schedulers 2 and 3, which carry two score warps each, cost 9%; spreading them over all 8 value warps, 4%.
-// In the split layout, its two idle warps (on schedulers 2 and 3) as gather producers cost 6-8% (R), spreading
-// the gathers over all 8 value warps 11% (Q).
+// In the mixed layout the score warps (S mma chains waiting on ldmatrix, then the exchange and the softmax) were the
+// critical path: work moved off the value warps (rescale flags) did not help, work added to the score warps (a flag
+// vote) cost 3%. Issuing the score mma first (value warps held on a barrier), replacing the block barrier by an
+// mbarrier hand-over, and software-pipelining the score warps by a tile (which leaves the gathers one step of latency
+// cover instead of two) were all slower, by 1.5%, 40% and 16% (ab-h200.md); the previous design (4 warps per 16 rows
+// splitting the dims, 32-key tiles) was 5-15% slower on every case, and score warps that each cover all 48 rows over a
+// sixth of the dims (K read once a tile, partial scores handed over through shared memory, one barrier for all six)
+// 17-23% (Y: the six move in lock-step, so no pair's softmax overlaps another's mma). Two gather variants were slower
+// too: key rows prefetched into L2 two tiles ahead of their gathers (+13%: the extra requests cost more than the
+// latency they hid), and one bulk copy (cp.async.bulk + mbarrier, padded rows) per key row instead of 72 cp.async
+// pieces (+35%). The gathers stay on value warps of schedulers 0 and 1: moving half of them to schedulers 2 and 3,
+// which carry two score warps each, cost 9%; spreading them over all 8 value warps, 4%. In the split layout, its two
+// idle warps (on schedulers 2 and 3) as gather producers cost 6-8% (R), spreading the gathers over all 8 value warps
+// 11% (Q).
 // Taking work out of the loop to find the critical path (ab-h200.md, L and N; results wrong, times only): without the
 // P V step 24% faster, without the S mma 20%, without the score warps' exchange and softmax 10%, with 1/6 of the
 // K ldmatrix 6%, without the partial-score exchange 4%. Both roles are near-critical: moving the softmax to the
