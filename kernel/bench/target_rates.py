@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,10 +48,6 @@ def mma_row_factor(q_len: int, heads: int) -> float:
     return math.ceil(rows / ROWS_PER_TILE) * ROWS_PER_TILE / rows
 
 
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
 def allowed_times(case: dict, kv_tokens: int, floor_us: float, uniform: float) -> dict[str, float]:
     """Time each missed target allows this case (targets it meets or that do not apply are left out)."""
     out: dict[str, float] = {}
@@ -68,7 +65,7 @@ def allowed_times(case: dict, kv_tokens: int, floor_us: float, uniform: float) -
 def demands(result: dict, extra: dict) -> tuple[float, list[TargetDemand]]:
     """(uniform speed-up the geomean target needs, every missed target of every tree case)."""
     pairs = [(c, e) for c, e in zip(result["cases"], extra["cases"], strict=True) if c["mask"] == "tree"]
-    uniform = GEOMEAN_TARGET / geomean([c["speedup"] for c in result["cases"]])
+    uniform = GEOMEAN_TARGET / statistics.geometric_mean(c["speedup"] for c in result["cases"])
     out = []
     for c, e in pairs:
         frac_now = e["TFLOPs"] * mma_row_factor(c["q_len"], c["H"]) / result["mma_TFLOPs"]
