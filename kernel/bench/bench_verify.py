@@ -105,8 +105,9 @@ def case_flops(c: VerifyCase) -> float:
     return float(sum(c.q_len * c.heads * (p + c.q_len) * FLOP_PER_KEY_ROW for p in c.prefix_lens))
 
 
-def graph_time_us(calls: list[Callable[[], object]]) -> float:
-    """Median time per call of a CUDA graph replaying ``calls`` round-robin (CALLS_PER_GRAPH in all)."""
+def capture_graph(calls: list[Callable[[], object]]) -> tuple[torch.cuda.CUDAGraph, int]:
+    """A CUDA graph of ``calls`` round-robin (at least CALLS_PER_GRAPH, each at least once), after a warm-up on a
+    side stream; returns it with the number of calls it holds."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -119,6 +120,12 @@ def graph_time_us(calls: list[Callable[[], object]]) -> float:
     with torch.cuda.graph(graph):
         for i in range(n):
             calls[i % len(calls)]()
+    return graph, n
+
+
+def graph_time_us(calls: list[Callable[[], object]]) -> float:
+    """Median time per call of a CUDA graph replaying ``calls`` round-robin (capture_graph)."""
+    graph, n = capture_graph(calls)
     return median_ms(graph.replay) * 1e3 / n
 
 

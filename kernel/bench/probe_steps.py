@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_verify import CALLS_PER_GRAPH, CaseRunner, graph_time_us
+from bench_verify import CaseRunner, capture_graph, graph_time_us
 from kdtree_kernel.ops import launch_plan
 from kdtree_kernel.plan import HEAD_DIM
 
@@ -47,10 +47,7 @@ TILE_KEYS = 16  # keys per kernel step (kBlockN in csrc/verify_attention_kernel.
 
 def sustained_clock(calls: list[Callable[[], object]]) -> dict:
     """Replays a graph of ``calls`` for SAMPLE_S seconds while nvidia-smi samples the SM clock and power."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(CALLS_PER_GRAPH):
-            calls[i % len(calls)]()
+    graph, _ = capture_graph(calls)
     graph.replay()
     torch.cuda.synchronize()
     smi = subprocess.Popen(
