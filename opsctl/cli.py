@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from typing import Annotated
 
@@ -32,6 +33,17 @@ app.add_typer(testbed_app, name="testbed")
 _COMMAND_MODULES = ("opsctl.cli_deploy", "opsctl.cli_health")
 
 
+def _log_line(line: str) -> None:
+    """Progress of a testbed operation on stderr, one line each: paths are never wrapped."""
+    common.err.print(f"[dim]{escape(line)}[/]", soft_wrap=True)
+
+
+def _set_debug(value: bool) -> None:
+    common.options.debug = value
+    if value:  # library logs (paramiko's included) and tracebacks; without --debug they stay quiet
+        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
 def _version(value: bool) -> None:
     if value:
         common.out.print(f"opsctl {__version__}")
@@ -42,18 +54,23 @@ def _version(value: bool) -> None:
 def _root(
     inventory: common.InventoryOption = None,
     accept_new_host_key: common.AcceptNewHostKeyOption = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show library logs and tracebacks (errors are one line without it).")
+    ] = False,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
     ] = False,
 ) -> None:
     common.options.inventory = inventory
     common.options.accept_new_host_key = accept_new_host_key
+    _set_debug(debug)
 
 
 # ---------------------------------------------------------------------------------------------- hosts
 
 
 @app.command()
+@common.bounded
 def hosts(inventory: common.InventoryOption = None, json_out: common.JsonOption = False) -> None:
     """List the inventory's hosts and groups."""
     inv = common.inventory(inventory)
@@ -122,15 +139,17 @@ def _ping_row(f: HostFacts) -> list[str]:
 
 
 @app.command()
+@common.bounded
 def ping(
-    target: Annotated[str, typer.Argument(help="Host, group or 'all'.")],
+    target: common.TargetArg = None,
     inventory: common.InventoryOption = None,
     json_out: common.JsonOption = False,
     accept_new_host_key: common.AcceptNewHostKeyOption = False,
 ) -> None:
-    """Reachability, ssh auth, systemd and unit state, GPUs (nvidia-smi), free disk. Hosts of a group in parallel."""
+    """Reachability, ssh auth, systemd and unit state, GPUs (nvidia-smi), free disk. Hosts of a group in parallel.
+    TARGET may also be 'all'. Exit 0 when every host answers, else the first failure's code (11-16)."""
     inv = common.inventory(inventory, accept_new_host_key=accept_new_host_key)
-    facts = ping_many(inv.resolve(target))
+    facts = ping_many(inv.resolve(common.pick_target(inv, target, "ping")))
     if json_out:
         common.emit_json([{**common.to_jsonable(f), "ok": f.ok, "disk_ok": f.disk_ok} for f in facts])
     else:
@@ -151,13 +170,14 @@ def ping(
 
 
 @testbed_app.command("up")
+@common.bounded
 def testbed_up(
     count: Annotated[int, typer.Argument(help="Number of fleet hosts tb1..tbN (plus 'local').")] = DEFAULT_HOSTS,
     json_out: common.JsonOption = False,
 ) -> None:
     """Build the rootfs once (cached), then boot 'local' and tb1..tbN; hosts already running are kept."""
     tb = Testbed()
-    report = tb.up(count, log=lambda line: common.err.print(f"[dim]{escape(line)}[/]"))
+    report = tb.up(count, log=_log_line)
     if json_out:
         common.emit_json(report)
         return
@@ -166,20 +186,22 @@ def testbed_up(
     common.out.print(
         f"{build}; provisioned in {report.provision_s:.1f}s; booted in {report.boot_s:.1f}s; total {report.total_s:.1f}s"
     )
-    common.out.print(f"inventory: {report.inventory}   (export OPSCTL_INVENTORY={report.inventory})")
+    common.out.print(f"inventory: {report.inventory}   (export OPSCTL_INVENTORY={report.inventory})", soft_wrap=True)
 
 
 @testbed_app.command("down")
+@common.bounded
 def testbed_down() -> None:
     """Stop every testbed host and remove them (the rootfs cache stays). Leaves no processes or mounts."""
     tb = Testbed()
-    leftovers = tb.down(log=lambda line: common.err.print(f"[dim]{escape(line)}[/]"))
+    leftovers = tb.down(log=_log_line)
     for item in leftovers:
         common.err.print(f"[yellow]cleaned up a leftover: {escape(item)}[/]")
     common.out.print(f"testbed at {tb.state_dir} is down")
 
 
 @testbed_app.command("status")
+@common.bounded
 def testbed_status(json_out: common.JsonOption = False) -> None:
     """Each testbed host: running or stopped, sshd answering, boot time, free disk."""
     tb = Testbed()
@@ -231,16 +253,20 @@ _register_command_modules(app)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point (console script ``opsctl`` and ``python -m opsctl``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args
     try:
-        app(args=argv, prog_name="opsctl", standalone_mode=True)
+        app(args=args, prog_name="opsctl", standalone_mode=True)
     except OpsError as e:
-        common.report_error(e)
+        common.report_error(e, as_json=as_json)
         return e.exit_code
     except KeyboardInterrupt:
         common.err.print("[red]interrupted[/]")
         return 130
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception as e:  # a bug or an unforeseen library error: one line, the traceback only with --debug
+        return common.report_unexpected(e, as_json=as_json)
     return 0
 
 

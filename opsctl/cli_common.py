@@ -1,5 +1,6 @@
 """What every opsctl command shares: consoles, the --inventory / --accept-new-host-key options, the inventory
-loader, --json output, and the error boundary (an OpsError becomes one red line on stderr and its exit code).
+loader, the default target, --json output, and the error boundary (an OpsError becomes one red line on stderr and
+its exit code; with --json also ``{"error": ..., "exit_code": ...}`` on stdout; a traceback only with --debug).
 
 A command module (opsctl/cli_<name>.py) looks like:
 
@@ -7,8 +8,11 @@ A command module (opsctl/cli_<name>.py) looks like:
 
     def register(app: typer.Typer) -> None:
         @app.command()
-        def logs(target: str, inventory: common.InventoryOption = None, json_out: common.JsonOption = False) -> None:
-            hosts = common.inventory(inventory).resolve(target)
+        @common.bounded
+        def logs(target: common.TargetArg = None, inventory: common.InventoryOption = None,
+                 json_out: common.JsonOption = False) -> None:
+            inv = common.inventory(inventory)
+            hosts = inv.resolve(common.pick_target(inv, target, "logs"))
             ...
             if json_out:
                 common.emit_json([...])
@@ -17,22 +21,26 @@ A command module (opsctl/cli_<name>.py) looks like:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import OpsError
-from .inventory import ENV_VAR, Inventory
+from .errors import InventoryError, OpsError, UsageError
+from .inventory import ENV_VAR, HostConfig, Inventory
+from .inventory import default_path as inventory_path
 from .inventory import load as load_inventory
 
 # Piped output (logs, CI) is not cut to 80 columns; a terminal keeps its own width.
@@ -47,6 +55,14 @@ InventoryOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+TargetArg = Annotated[
+    str | None,
+    typer.Argument(help="Host or group (default: the inventory's `default`, else its only host).", show_default=False),
+]
+HostArg = Annotated[
+    str | None,
+    typer.Argument(help="Host (default: the inventory's `default`, else its only host).", show_default=False),
+]
 AcceptNewHostKeyOption = Annotated[
     bool,
     typer.Option(
@@ -62,6 +78,7 @@ class GlobalOptions:
 
     inventory: Path | None = None
     accept_new_host_key: bool = False
+    debug: bool = False
 
 
 options = GlobalOptions()
@@ -70,11 +87,69 @@ options = GlobalOptions()
 def inventory(path: Path | str | None = None, *, accept_new_host_key: bool = False) -> Inventory:
     """Load the inventory: an explicit path, else the global --inventory, else $OPSCTL_INVENTORY, else
     ./inventory.yaml. With --accept-new-host-key (here or global), every host's policy becomes accept-new."""
-    inv = load_inventory(path or options.inventory)
+    chosen = inventory_path(path or options.inventory)
+    if not chosen.exists():
+        down = _testbed_down_message(chosen)
+        if down:
+            raise InventoryError(down)
+    inv = load_inventory(chosen)
     if accept_new_host_key or options.accept_new_host_key:
         hosts = {n: h.model_copy(update={"host_key_policy": "accept-new"}) for n, h in inv.hosts.items()}
         inv = dataclasses.replace(inv, hosts=hosts)
     return inv
+
+
+def _testbed_down_message(path: Path) -> str | None:
+    """A missing inventory.yaml of a testbed directory means that testbed is down: say so and how to boot it."""
+    from .testbed import DEFAULT_STATE_DIR, STATE_ENV, Testbed
+
+    state_dir = path.absolute().parent
+    ours = Testbed().state_dir
+    looks_like_testbed = state_dir == ours or (state_dir / "id_ed25519").is_file() or (state_dir / ".lock").is_file()
+    if path.name != "inventory.yaml" or not looks_like_testbed:
+        return None
+    default_dir = Path(DEFAULT_STATE_DIR).absolute()
+    env = "" if state_dir == default_dir else f"{STATE_ENV}={state_dir} "
+    return (
+        f"{path}: the testbed at {state_dir} is down (its inventory exists only while it is up); "
+        f"bring it up with: {env}.venv/bin/opsctl testbed up"
+    )
+
+
+def pick_target(inv: Inventory, given: str | None, command: str) -> str:
+    """The host or group a command acts on: the one given, else the inventory's ``default``, else its only host.
+    A chosen default is announced on stderr (stdout stays clean for --json)."""
+    if given:
+        return given
+    default = getattr(inv, "default", None)
+    if default:
+        why = f"the default of {inv.path}"
+        chosen = default
+    elif len(inv.hosts) == 1:
+        chosen = next(iter(inv.hosts))
+        why = f"the only host in {inv.path}"
+    else:
+        groups = f"; groups: {', '.join(inv.groups)}" if inv.groups else ""
+        raise UsageError(
+            f"which host? {inv.path} has {len(inv.hosts)} hosts ({', '.join(inv.hosts) or 'none'}{groups}) and no "
+            f"`default:`. Name one (opsctl {command} HOST) or add `default: HOST` to the inventory"
+        )
+    err.print(f"[dim]{command}: {escape(chosen)} ({escape(why)})[/]", soft_wrap=True)
+    return chosen
+
+
+def pick_host(inv: Inventory, given: str | None, command: str) -> HostConfig:
+    """One host for a single-host command: the one given, else the default (a default group of one host counts)."""
+    name = pick_target(inv, given, command)
+    if name in inv.hosts:
+        return inv.hosts[name]
+    members = inv.resolve(name)
+    if given is None and len(members) == 1:
+        return members[0]
+    raise UsageError(
+        f"{name!r} is a group of {len(members)} hosts ({', '.join(h.name for h in members)}); "
+        f"`opsctl {command}` takes one host: name it"
+    )
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -97,18 +172,53 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def report_error(e: OpsError) -> None:
+def json_requested() -> bool:
+    """Whether the running command was given --json (its parameter is ``as_json`` or ``json_out``)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and (ctx.params.get("as_json") or ctx.params.get("json_out")))
+
+
+def report_error(e: OpsError, *, as_json: bool | None = None) -> None:
+    """One red line on stderr; under --json also ``{"error", "exit_code"}`` on stdout; the traceback with --debug."""
+    if options.debug:
+        err.print(escape("".join(traceback.format_exception(e)).rstrip()), soft_wrap=True, highlight=False)
     err.print(f"[bold red]error:[/] [red]{escape(e.message)}[/]", soft_wrap=True)
+    if as_json if as_json is not None else json_requested():
+        emit_json({"error": e.message, "exit_code": e.exit_code, "kind": type(e).__name__})
+
+
+def report_unexpected(e: BaseException, *, as_json: bool = False) -> int:
+    """A bug or an unforeseen library error: one line (and the traceback with --debug), exit code 1."""
+    if options.debug:
+        err.print(escape("".join(traceback.format_exception(e)).rstrip()), soft_wrap=True, highlight=False)
+    message = f"{type(e).__name__}: {e}"
+    hint = "" if options.debug else " (rerun with --debug for the traceback)"
+    err.print(f"[bold red]error:[/] [red]{escape(message)}[/]{hint}", soft_wrap=True)
+    if as_json:
+        emit_json({"error": message, "exit_code": 1, "kind": type(e).__name__})
+    return 1
 
 
 @contextmanager
 def error_boundary() -> Iterator[None]:
-    """OpsError -> one red line on stderr and ``raise typer.Exit(exit_code)``; no traceback."""
+    """OpsError -> one red line on stderr (plus the JSON error under --json) and ``raise typer.Exit(exit_code)``;
+    no traceback unless --debug."""
     try:
         yield
     except OpsError as e:
         report_error(e)
         raise typer.Exit(e.exit_code) from None
+
+
+def bounded(fn: Callable[..., None]) -> Callable[..., None]:
+    """A command inside the error boundary (also when the app is driven by a test runner)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        with error_boundary():
+            fn(*args, **kwargs)
+
+    return wrapper
 
 
 def ok_mark(ok: bool | None) -> str:

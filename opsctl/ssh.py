@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import re
 import select
@@ -37,6 +38,11 @@ import paramiko
 
 from .errors import AuthFailed, CommandFailed, CommandTimeout, HostKeyMismatch, HostKeyUnknown, HostUnreachable
 from .inventory import HostConfig
+
+# Paramiko logs a full traceback (at ERROR, from its transport thread) for an expected failure such as a host that
+# closes the connection before its banner. Those failures are raised here as one-line SshErrors; the library's own
+# log goes nowhere unless the CLI's --debug turns logging on.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 SSH_CONFIG_ENV = "OPSCTL_SSH_CONFIG"
 KEEPALIVE_S = 15

@@ -1,10 +1,14 @@
-"""The testbed: real Debian hosts booted on this machine with systemd-nspawn (design.md s.6).
+"""The testbed: real Debian hosts booted on this machine with systemd-nspawn (docs/testbed.md).
+
+The rootfs cache is machine-wide ($OPSCTL_TESTBED_CACHE, default /var/cache/opsctl-testbed), shared by every
+testbed and checkout on the machine:
+
+    rootfs-<key>/              debootstrap'ed bookworm + CPU torch/numpy, built once (key = hash of the recipe);
+                               built in rootfs-<key>.building-<pid>/ and renamed when complete, so a half build is
+                               never used; rootfs-<key>.build.log beside it
 
 Layout of the state directory ($OPSCTL_TESTBED_DIR, default ./.testbed):
 
-    cache/rootfs-<key>/        debootstrap'ed bookworm + CPU torch/numpy, built once (key = hash of the recipe;
-                               $OPSCTL_TESTBED_CACHE shares one cache between testbeds); built in
-                               rootfs-<key>.building-<pid>/ and renamed when complete, so a half build is never used
     id_ed25519[.pub]           the client key root logs in with on every host
     known_hosts                every host's own (generated) host key, so strict checking works from the start
     inventory.yaml             hosts local, tb1..tbN; groups testbed (all) and fleet (tb1..tbN)
@@ -49,6 +53,10 @@ CACHE_ENV = "OPSCTL_TESTBED_CACHE"
 PORT_BASE_ENV = "OPSCTL_TESTBED_PORT_BASE"
 MIRROR_ENV = "OPSCTL_DEBIAN_MIRROR"
 DEFAULT_STATE_DIR = ".testbed"
+# One rootfs cache per machine (1.3 GB): every testbed and checkout shares it unless $OPSCTL_TESTBED_CACHE says else.
+DEFAULT_CACHE_DIR = "/var/cache/opsctl-testbed"
+# A long local step (debootstrap, pip) reports its elapsed time and last log line this often.
+PROGRESS_EVERY_S = 15.0
 DEFAULT_PORT_BASE = 2220
 DEFAULT_HOSTS = 2
 DISK_MB = 1024  # size of each host's /root filesystem (tmpfs: only what is written uses memory)
@@ -133,7 +141,8 @@ def prerequisite_problem(euid: int, missing: dict[str, str]) -> str | None:
     """What stops the testbed from running here, as an actionable sentence; None when nothing does."""
     problems = []
     if euid != 0:
-        problems.append("the testbed needs root (systemd-nspawn, debootstrap, mounts): run it with sudo or as root")
+        how = "as root" if shutil.which("sudo") is None else "as root (e.g. sudo .venv/bin/opsctl testbed up)"
+        problems.append(f"the testbed needs root (systemd-nspawn, debootstrap, mounts): run it {how}")
     if missing:
         pkgs = " ".join(sorted(set(missing.values())))
         problems.append(f"missing {', '.join(sorted(missing))}: apt-get install -y {pkgs}")
@@ -174,6 +183,7 @@ def inventory_text(testbed: Testbed, ports: dict[str, int]) -> str:
         "  service:",
         "    mode: replay",
         "    python: /usr/bin/python3",
+        "    tp: 2                          # the replay stands in for 2 TP ranks: the gate needs each one",
         "hosts:",
     ]
     names = sorted(ports, key=host_index)
@@ -308,22 +318,56 @@ def _port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _run(argv: list[str], *, log_file: Path | None = None, timeout: float | None = None, what: str = "") -> None:
-    """Run a local command; on failure raise TestbedError with the tail of its output."""
+def last_log_line(path: Path, limit: int = 8192) -> str:
+    """The last non-empty line of a log file (read from its end only), for progress reports."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.replace("\r", "\n").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _run(
+    argv: list[str],
+    *,
+    log_file: Path | None = None,
+    timeout: float | None = None,
+    what: str = "",
+    progress: Log | None = None,
+    every_s: float = PROGRESS_EVERY_S,
+) -> None:
+    """Run a local command; on failure raise TestbedError with the tail of its output. With ``progress`` and a
+    ``log_file``, every ``every_s`` seconds it reports the elapsed time and the log's last line."""
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
         if log_file:
             out.write(f"\n$ {' '.join(argv)}\n".encode())
             out.flush()
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT if log_file else subprocess.PIPE,
-            timeout=timeout,
         )
-    except subprocess.TimeoutExpired:
-        raise TestbedError(f"{what or argv[0]} did not finish within {timeout:g}s") from None
+        start = time.monotonic()
+        next_report = start + every_s
+        while True:
+            try:
+                _, stderr = proc.communicate(timeout=max(0.05, min(next_report - time.monotonic(), 1.0)))
+                break
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+                if timeout is not None and now - start > timeout:
+                    proc.kill()
+                    proc.communicate()
+                    raise TestbedError(f"{what or argv[0]} did not finish within {timeout:g}s") from None
+                if progress is not None and log_file is not None and now >= next_report:
+                    progress(f"  {what or argv[0]}: {now - start:.0f}s, last: {last_log_line(log_file)[:160]}")
+                    next_report = now + every_s
     finally:
         if log_file:
             out.close()
@@ -331,7 +375,7 @@ def _run(argv: list[str], *, log_file: Path | None = None, timeout: float | None
         if log_file:
             tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-15:])
             raise TestbedError(f"{what or argv[0]} failed (exit {proc.returncode}); see {log_file}:\n{tail}")
-        err = (proc.stderr or b"").decode(errors="replace").strip()
+        err = (stderr or b"").decode(errors="replace").strip()
         raise TestbedError(f"{what or argv[0]} failed (exit {proc.returncode}): {err[-2000:]}")
 
 
@@ -347,8 +391,7 @@ class Testbed:
         self, state_dir: Path | str | None = None, *, cache_dir: Path | str | None = None, port_base: int | None = None
     ) -> None:
         self.state_dir = Path(state_dir or os.environ.get(STATE_ENV) or DEFAULT_STATE_DIR).absolute()
-        cache = cache_dir or os.environ.get(CACHE_ENV)
-        self.cache_dir = Path(cache).absolute() if cache else self.state_dir / "cache"
+        self.cache_dir = Path(cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).absolute()
         # The base in use is recorded while hosts exist (it may have been moved past busy ports at the first up).
         recorded = self.state_dir / "port_base"
         self.port_base = (
@@ -482,6 +525,7 @@ class Testbed:
             log_file=log_file,
             timeout=1800,
             what="debootstrap",
+            progress=log,
         )
         log(f"  debootstrap done in {time.monotonic() - t:.0f}s")
         # Host keys are made per host; a shared one would make every host the same to ssh.
@@ -507,7 +551,7 @@ class Testbed:
             download += ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
                          "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
                          "--platform", "manylinux2014_x86_64"]  # fmt: skip
-        _run([*download, *PIP_REQUIREMENTS], log_file=log_file, timeout=1800, what="pip download")
+        _run([*download, *PIP_REQUIREMENTS], log_file=log_file, timeout=1800, what="pip download", progress=log)
         log("installing them into the rootfs")
         _run(
             [*self._nspawn_cmd(root), "python3", "-m", "pip", "install", "--no-index", "--find-links", "/opt/wheels",
@@ -516,6 +560,7 @@ class Testbed:
             log_file=log_file,
             timeout=1800,
             what="pip install in the rootfs",
+            progress=log,
         )  # fmt: skip
         shutil.rmtree(wheels)
         _run(
