@@ -121,10 +121,9 @@ def pick_target(inv: Inventory, given: str | None, command: str) -> str:
     A chosen default is announced on stderr (stdout stays clean for --json)."""
     if given:
         return given
-    default = getattr(inv, "default", None)
-    if default:
+    if inv.default:
         why = f"the default of {inv.path}"
-        chosen = default
+        chosen = inv.default
     elif len(inv.hosts) == 1:
         chosen = next(iter(inv.hosts))
         why = f"the only host in {inv.path}"

@@ -7,7 +7,6 @@ boundary prints one red line and exits with their code). Exit 0 only when the ac
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import re
@@ -44,8 +43,9 @@ VERDICT_STYLE = {
 }
 
 
-def _host(name: str, inventory_path: Path | None) -> HostConfig:
-    return common.inventory(inventory_path).host(name)
+def _host(name: str | None, inventory_path: Path | None, command: str) -> HostConfig:
+    """The host a single-host command acts on: the one named, else the inventory's default (announced)."""
+    return common.pick_host(common.inventory(inventory_path), name, command)
 
 
 def _repo_root() -> Path:
@@ -65,11 +65,22 @@ class _Seconds(ProgressColumn):
         return Text(f"{elapsed or 0.0:6.1f}s", style="dim")
 
 
-class RichReporter:
-    """One row per step with a spinner and its elapsed time; parity lines printed above as they arrive."""
+# A step whose detail starts with a verdict (the gate's "FAIL: reason") shows that outcome, not a green check.
+_OUTCOME = re.compile(r"^(PASS|FAIL|NODATA|INCONCLUSIVE|ERROR)\b")
+_SWITCH_TO = re.compile(r"current -> (\S+)")
 
-    def __init__(self, host: str, out: Console = console) -> None:
+
+class RichReporter:
+    """One row per step with a spinner and its elapsed time; parity lines printed above as they arrive, each naming
+    the release it belongs to: the new one (``new``, before the restart ``pre-restart``) or the rollback's."""
+
+    def __init__(
+        self, host: str, out: Console = console, *, release: str | None = None, action: str = "deploy"
+    ) -> None:
         self.host = host
+        self.release = release
+        self.action = action
+        self.label = f"{release} ({'new' if action == 'deploy' else action})" if release else ""
         self.progress = Progress(
             SpinnerColumn(finished_text=" "),
             TextColumn("{task.description}"),
@@ -87,7 +98,15 @@ class RichReporter:
         self.progress.stop()
 
     def step(self, name: str, detail: str = "") -> None:
-        self.tasks[name] = self.progress.add_task(f"[bold]{name}[/] {detail}".rstrip(), total=1)
+        switch = _SWITCH_TO.search(detail) if name in ("switch", "rollback") else None
+        if name == "parity" and self.release:
+            self.label = f"{self.release} (new, pre-restart)"
+        elif switch and name == "rollback":
+            self.label = f"{switch.group(1)} (rollback)"
+        elif switch:
+            target = switch.group(1)
+            self.label = f"{target} (new)" if target == self.release else f"{target} ({self.action})"
+        self.tasks[name] = self.progress.add_task(f"[bold]{name}[/] {_escape(detail)}".rstrip(), total=1)
 
     def _finish(self, name: str, mark: str, detail: str) -> None:
         task = self.tasks.get(name)
@@ -98,7 +117,11 @@ class RichReporter:
         self.progress.stop_task(task)
 
     def done(self, name: str, detail: str = "") -> None:
-        self._finish(name, "[green]✓[/]", detail)
+        outcome = _OUTCOME.match(detail)
+        if outcome and outcome.group(1) != "PASS":
+            self._finish(name, "[red]✗[/]", detail)
+        else:
+            self._finish(name, "[green]✓[/]", detail)
 
     def failed(self, name: str, detail: str = "") -> None:
         self._finish(name, "[red]✗[/]", detail)
@@ -109,8 +132,9 @@ class RichReporter:
     def parity(self, line: ParityLine, verdict: str) -> None:
         rank = f" TP{line.rank}" if line.rank is not None else ""
         style = VERDICT_STYLE.get(verdict, "")
+        label = f" {_escape(self.label)}" if self.label else ""
         self.progress.console.print(
-            f"  parity L{line.layer}{rank} rel={_fmt(line.rel)} max_abs_diff={_fmt(line.max_abs_diff)} [{style}]{verdict}[/]",
+            f"  parity{label} L{line.layer}{rank} rel={_fmt(line.rel)} max_abs_diff={_fmt(line.max_abs_diff)} [{style}]{verdict}[/]",
             highlight=False,
         )
 
@@ -147,11 +171,13 @@ def _json_result(res: pipeline.DeployResult) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _reporter(host: str, quiet: bool) -> Iterator[pipeline.Reporter]:
+def _reporter(
+    host: str, quiet: bool, *, release: str | None = None, action: str = "deploy"
+) -> Iterator[pipeline.Reporter]:
     if quiet:
         yield pipeline.NullReporter()
         return
-    with RichReporter(host) as rep:
+    with RichReporter(host, release=release, action=action) as rep:
         yield rep
 
 
@@ -206,8 +232,26 @@ def _run_fleet(
 # ------------------------------------------------------------------------------------------------ commands
 
 
+DEPLOY_EXIT_CODES = """Exit codes: 0 PASS (also up to date, --dry-run planned, --no-restart staged);
+1 not confirmed at the prompt, or an unexpected error; 2 usage or inventory error;
+11 host unreachable, 12 ssh authentication failed, 13 host key unknown, 14 host key changed,
+15 a remote command failed, 16 a remote command timed out; 20 the host's deploy lock is held;
+30 deploy failed or refused (nothing gated; also a gate ERROR: the host could not be read);
+31 parity FAIL, NODATA or INCONCLUSIVE, before the restart or at the gate (rolled back). See docs/exit-codes.md."""
+
+
+def _gate_rules(h: HostConfig) -> str:
+    g = h.gate
+    return (
+        f"  gate rules: a parity line passes at rel <= {g.pass_rel:g} and fails at rel >= {g.fail_rel:g} (or NaN/inf: "
+        f"the deploy fails at once); a line in between is INCONCLUSIVE: it restarts the pass count and the gate "
+        f"keeps reading. No {g.consecutive_passes} passes in a row by the deadline: INCONCLUSIVE (no line at all: "
+        f"NODATA), both handled as a FAIL (rolled back). See docs/gate.md."
+    )
+
+
 def deploy_command(
-    host: Annotated[str, typer.Argument(help="host from inventory.yaml")],
+    host: common.TargetArg = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan, change nothing")] = False,
     no_restart: Annotated[
         bool, typer.Option("--no-restart", help="install and switch, but do not restart or gate")
@@ -237,9 +281,10 @@ def deploy_command(
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Deploy the working tree to HOST (or a GROUP, canary first then batches): upload, build, parity, switch,
-    restart, gate; each host rolls itself back on failure."""
+    restart, gate; each host rolls itself back on failure. The plan is printed when there is work to do."""
     tree = (src or _repo_root()).resolve()
     inv = common.inventory(inventory_path)
+    host = common.pick_target(inv, host, "deploy")
     if host not in inv.hosts:
         targets = inv.resolve(host)
         plan = fleet.plan_rollout(
@@ -263,9 +308,11 @@ def deploy_command(
         skip_prerestart_parity=skip_parity,
     )
     plan_res = pipeline.deploy(h, tree, opts)
-    if plan_res.plan is not None and not as_json:
+    if plan_res.plan is not None and plan_res.verdict == "PLANNED" and not as_json:
         for line in plan_res.plan.describe():
             console.print(line, highlight=False)
+        if not no_restart:
+            console.print(_gate_rules(h), highlight=False, style="dim")
     if plan_res.verdict == "REFUSED" and dry_run:
         raise DeployFailed(f"deploy would be refused: {plan_res.reason}")
     if dry_run or plan_res.verdict == "UP-TO-DATE":
@@ -281,21 +328,30 @@ def deploy_command(
     real = pipeline.DeployOptions(
         gate_timeout_s=gate_timeout, force=force, no_restart=no_restart, skip_prerestart_parity=skip_parity
     )
-    with _reporter(host, as_json) as rep:
+    with _reporter(host, as_json, release=plan_res.release) as rep:
         res = pipeline.deploy(h, tree, real, rep)
     _finish(res, as_json)
 
 
 def restart_command(
-    host: Annotated[str, typer.Argument()],
-    rollback_on_fail: Annotated[bool, typer.Option("--rollback-on-fail", help="roll back if the gate fails")] = False,
-    gate_timeout: Annotated[float | None, typer.Option("--gate-timeout")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    host: common.HostArg = None,
+    rollback_on_fail: Annotated[
+        bool,
+        typer.Option(
+            "--rollback-on-fail",
+            help="if the gate does not pass: mark the release bad and roll back to the last good one",
+        ),
+    ] = False,
+    gate_timeout: Annotated[
+        float | None, typer.Option("--gate-timeout", help="gate deadline in seconds (default: inventory)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
-    """Restart the current release and gate it (e.g. after a driver update)."""
-    h = _host(host, inventory_path)
-    with _reporter(host, as_json) as rep:
+    """Restart the current release and gate it (e.g. after a driver update). Exit 0 on a PASS, 31 otherwise."""
+    h = _host(host, inventory_path, "restart")
+    host = h.name
+    with _reporter(host, as_json, action="restart") as rep:
         res = pipeline.restart(h, rep, rollback_on_fail=rollback_on_fail, gate_timeout_s=gate_timeout)
     if not res.ok and not rollback_on_fail and not as_json:
         console.print(
@@ -306,20 +362,23 @@ def restart_command(
 
 
 def rollback_command(
-    host: Annotated[str, typer.Argument()],
+    host: common.TargetArg = None,
     to: Annotated[
         str | None, typer.Option("--to", help="release id (default: the newest good one before current)")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="allow a release marked bad")] = False,
     no_gate: Annotated[bool, typer.Option("--no-gate", help="do not gate after the restart")] = False,
-    gate_timeout: Annotated[float | None, typer.Option("--gate-timeout")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    gate_timeout: Annotated[
+        float | None, typer.Option("--gate-timeout", help="gate deadline in seconds (default: inventory)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     parallel: Annotated[bool, typer.Option("--parallel", help="group only: all hosts side by side")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="group only: do not ask for confirmation")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Switch HOST (or every host of a GROUP) back to an earlier release, restart and gate it."""
     inv = common.inventory(inventory_path)
+    host = common.pick_target(inv, host, "rollback")
     if host not in inv.hosts:
         if to is not None:
             raise UsageError("--to names one release of one host; roll a group back to each host's last good release")
@@ -330,32 +389,44 @@ def rollback_command(
         )
         return
     h = inv.host(host)
-    with _reporter(host, as_json) as rep:
+    with _reporter(host, as_json, action="rollback") as rep:
         res = pipeline.rollback(h, rep, to=to, force=force, gate=not no_gate, gate_timeout_s=gate_timeout)
     _finish(res, as_json)
 
 
 def adopt_command(
-    host: Annotated[str, typer.Argument()],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    host: common.HostArg = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Record an existing hand-made install (files + unit) as release zero, without restarting anything."""
-    h = _host(host, inventory_path)
+    h = _host(host, inventory_path, "adopt")
+    host = h.name
     with _reporter(host, as_json) as rep:
         res = pipeline.adopt(h, rep)
     _finish(res, as_json)
 
 
+def _host_and_action(
+    host: str | None, action: str | None, actions: tuple[str, ...], inventory_path: Path | None, command: str
+) -> tuple[HostConfig, str | None]:
+    """`opsctl CMD [HOST] ACTION`: with the host left out, the one word given is the action."""
+    inv = common.inventory(inventory_path)
+    if action is None and host in actions and host not in inv.hosts and host not in inv.groups:
+        host, action = None, host
+    return common.pick_host(inv, host, command), action
+
+
 def service_command(
-    host: Annotated[str, typer.Argument()],
-    action: Annotated[str, typer.Argument(help="start | stop | status")],
+    host: common.HostArg = None,
+    action: Annotated[str | None, typer.Argument(help="start | stop | status", show_default=False)] = None,
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Start, stop or show the service unit (no gate: use `restart` for a gated restart)."""
+    h, action = _host_and_action(host, action, ("start", "stop", "status"), inventory_path, "service")
+    host = h.name
     if action not in ("start", "stop", "status"):
         raise UsageError(f"service action must be start, stop or status, not {action!r}")
-    h = _host(host, inventory_path)
     unit = h.unit + ".service"
     from .ssh import connect
 
@@ -379,12 +450,13 @@ def _read(h: HostConfig, fn: Callable[[Any], Any]) -> Any:
 
 
 def releases_command(
-    host: Annotated[str, typer.Argument()],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    host: common.HostArg = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the releases as JSON")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """List the releases on HOST: id, created, commit, current/good/bad, last verdict."""
-    h = _host(host, inventory_path)
+    h = _host(host, inventory_path, "releases")
+    host = h.name
     layout = hs.Layout(h.root)
 
     def gather(r: Any) -> tuple[hs.HostSnapshot, list[dict[str, Any]], str]:
@@ -460,12 +532,13 @@ def _parse_release_meta(text: str) -> dict[str, dict[str, Any]]:
 
 
 def status_command(
-    host: Annotated[str, typer.Argument()],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    host: common.TargetArg = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the state as JSON")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Unit state, current release, last verdict, last parity figures, lock (of a host, or each host of a group)."""
     inv = common.inventory(inventory_path)
+    host = common.pick_target(inv, host, "status")
     if host in inv.hosts:
         doc = _status_one(inv.host(host), as_json)
         if as_json:
@@ -586,7 +659,7 @@ def _parity_table(lines: list[ParityLine], h: HostConfig, title: str = "", times
 
 
 def logs_command(
-    host: Annotated[str, typer.Argument()],
+    host: common.HostArg = None,
     grep: Annotated[str | None, typer.Option("--grep", help="shapes | parity | a regular expression")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines")] = False,
     since: Annotated[
@@ -597,7 +670,8 @@ def logs_command(
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """The unit's journal; parity lines as a coloured table, shapes lines decoded."""
-    h = _host(host, inventory_path)
+    h = _host(host, inventory_path, "logs")
+    host = h.name
     matcher = _matcher(grep)
     cmd = [
         "journalctl",
@@ -632,6 +706,16 @@ def logs_command(
             for line in res.stdout.splitlines():
                 printer.feed(line, matcher)
     printer.flush()
+    if not printer.matched and not follow:
+        window = f"since {since}" if since else f"in the last {lines} lines"
+        what = f"matched --grep {grep}" if grep else "was found"
+        (common.err if as_json else console).print(
+            f"{host}: no journal line of {h.unit}.service {what} ({window}; read {printer.read} lines)",
+            style="yellow",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def _matcher(grep: str | None) -> Callable[[str, Any], bool]:
@@ -651,6 +735,8 @@ def _matcher(grep: str | None) -> Callable[[str, Any], bool]:
 class _LogPrinter:
     def __init__(self, h: HostConfig, as_json: bool, stream: bool) -> None:
         self.h, self.as_json, self.stream = h, as_json, stream
+        self.read = 0  # journal entries read
+        self.matched = 0  # of those, shown
         self.parity: list[ParityLine] = []
         self.parity_times: list[str] = []
 
@@ -659,11 +745,13 @@ class _LogPrinter:
             doc = json.loads(raw)
         except ValueError:
             return
+        self.read += 1
         msg = message_text(doc.get("MESSAGE"))
         when = _fmt_time(doc.get("__REALTIME_TIMESTAMP"))
         rec = parse_line(msg)
         if not matcher(msg, rec):
             return
+        self.matched += 1
         if self.as_json:
             sys.stdout.write(json.dumps(_log_json(when, msg, rec, self.h), default=str) + "\n")
             sys.stdout.flush()
@@ -727,17 +815,19 @@ def _log_json(when: str, msg: str, rec: Any, h: HostConfig) -> dict[str, Any]:
 
 
 def lock_command(
-    host: Annotated[str, typer.Argument()],
-    action: Annotated[str, typer.Argument(help="status | release")] = "status",
+    host: common.HostArg = None,
+    action: Annotated[str | None, typer.Argument(help="status (default) | release", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="required by release: break someone else's lock")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Show who holds the deploy lock of HOST, or break it (`release --force`, only when its owner is gone)."""
+    h, action = _host_and_action(host, action, ("status", "release"), inventory_path, "lock")
+    host = h.name
+    action = action or "status"
     if action not in ("status", "release"):
         raise UsageError(f"lock action must be status or release, not {action!r}")
     if action == "release" and not force:
         raise UsageError("breaking a lock needs --force (check `opsctl lock HOST status` first: is its owner gone?)")
-    h = _host(host, inventory_path)
     layout = hs.Layout(h.root)
 
     def act(r: Any) -> hs.HostSnapshot:
@@ -761,19 +851,11 @@ def lock_command(
         console.print(f"{host}: lock free", style="green")
 
 
-def _bounded(fn: Callable[..., None]) -> Callable[..., None]:
-    """OpsError -> one red line and its exit code, also when the app is driven by a test runner."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        with common.error_boundary():
-            fn(*args, **kwargs)
-
-    return wrapper
+_bounded = common.bounded
 
 
 def register(app: typer.Typer) -> None:
-    app.command("deploy")(_bounded(deploy_command))
+    app.command("deploy", epilog=DEPLOY_EXIT_CODES)(_bounded(deploy_command))
     app.command("restart")(_bounded(restart_command))
     app.command("rollback")(_bounded(rollback_command))
     app.command("adopt")(_bounded(adopt_command))

@@ -24,14 +24,17 @@ err_console = common.err
 def _targets(inventory: inv.Inventory, target: str | None, all_hosts: bool) -> tuple[str, list[inv.HostConfig]]:
     if all_hosts and target:
         raise UsageError("give a HOST or GROUP, or --all, not both")
-    if not all_hosts and not target:
-        raise UsageError("which hosts? give a HOST, a GROUP, or --all")
-    name = "all" if all_hosts else str(target)
+    name = "all" if all_hosts else common.pick_target(inventory, target, "health")
     return name, inventory.resolve(name)
 
 
 def health_command(
-    target: Annotated[str | None, typer.Argument(help="host or group (or 'all')")] = None,
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            help="host or group (or 'all'; default: the inventory's `default`, else its only host)", show_default=False
+        ),
+    ] = None,
     all_hosts: Annotated[bool, typer.Option("--all", help="every host of the inventory")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     prometheus: Annotated[
@@ -56,6 +59,13 @@ def health_command(
     elapsed = time.monotonic() - t0
     if prometheus is not None:
         hl.write_atomic(prometheus, hl.render_prometheus(run.results))
+        # On stderr: stdout stays one JSON document under --json.
+        err_console.print(
+            f"wrote {prometheus} ({len(run.results)} host(s), node_exporter textfile format)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     deliveries = [] if no_alerts else alerts.notify(inventory.hosts, run.results)
     rollbacks = _rollback(hosts, run, as_json) if rollback_on_fail else []
     if as_json:
@@ -121,10 +131,18 @@ UserOpt = Annotated[
 
 
 @schedule_app.command("install")
+@common.bounded
 def schedule_install(
     target: Annotated[str, typer.Argument(help="host or group the timer checks")] = "all",
     prometheus: Annotated[Path | None, typer.Option("--prometheus", help="textfile the check writes")] = None,
-    rollback_on_fail: Annotated[bool, typer.Option("--rollback-on-fail")] = False,
+    rollback_on_fail: Annotated[
+        bool,
+        typer.Option(
+            "--rollback-on-fail",
+            help="each timed check rolls back hosts whose release is CRIT (unit crash loop, HTTP down, parity "
+            "failing) to their last good release, as `opsctl health --rollback-on-fail` does",
+        ),
+    ] = False,
     user: UserOpt = None,
     inventory_path: common.InventoryOption = None,
 ) -> None:
@@ -144,12 +162,14 @@ def schedule_install(
 
 
 @schedule_app.command("remove")
+@common.bounded
 def schedule_remove(user: UserOpt = None) -> None:
     """Stop, disable and delete the opsctl-health timer and service."""
     console.print(schedule.remove(user=_user_mode(user)).message, highlight=False)
 
 
 @schedule_app.command("status")
+@common.bounded
 def schedule_status(
     user: UserOpt = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -179,5 +199,5 @@ def schedule_status(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("health")(health_command)
+    app.command("health")(common.bounded(health_command))
     app.add_typer(schedule_app, name="schedule")

@@ -96,7 +96,7 @@ class _Strict(BaseModel):
 
 
 class GateSettings(_Strict):
-    """Thresholds of the parity gate (design.md s.5)."""
+    """Thresholds of the parity gate (docs/gate.md)."""
 
     pass_rel: float = Field(1e-2, gt=0)
     fail_rel: float = Field(5e-2, gt=0)
@@ -180,6 +180,7 @@ class HostConfig(_Strict):
 
 
 class _InventoryFile(_Strict):
+    default: str | None = None  # the target of a command given no host: a host, a group or 'all'
     defaults: dict[str, Any] = Field(default_factory=dict)
     hosts: dict[str, dict[str, Any]]
     groups: dict[str, list[str]] = Field(default_factory=dict)
@@ -190,6 +191,7 @@ class Inventory:
     path: Path
     hosts: dict[str, HostConfig]
     groups: dict[str, tuple[str, ...]]
+    default: str | None = None  # `default:` of the file: what a command given no host acts on
 
     def resolve(self, target: str) -> list[HostConfig]:
         """A host name, a group name or ``all`` -> hosts, in inventory order."""
@@ -268,7 +270,12 @@ def parse(text: str, path: Path | str = DEFAULT_FILE) -> Inventory:
         if missing:
             raise InventoryError(f"{where}: unknown host(s) {', '.join(map(str, missing))}")
         groups[group] = tuple(dict.fromkeys(members))
-    return Inventory(path=path, hosts=hosts, groups=groups)
+    if doc.default is not None and doc.default != "all" and doc.default not in hosts and doc.default not in groups:
+        known = ", ".join([*hosts, *groups]) or "none"
+        raise InventoryError(
+            f"{path}:{lines.get(('default',), 1)}: default: {doc.default!r} is no host or group (known: {known}, all)"
+        )
+    return Inventory(path=path, hosts=hosts, groups=groups, default=doc.default)
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

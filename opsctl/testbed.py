@@ -161,6 +161,7 @@ def inventory_text(testbed: Testbed, ports: dict[str, int]) -> str:
     """The testbed's inventory.yaml. Short gate deadlines: the replay service prints parity lines at once."""
     lines = [
         f"# Written by `opsctl testbed up` for the hosts under {testbed.state_dir}. Regenerated on every up.",
+        "default: local   # the host of a command given none (opsctl status, opsctl logs --grep shapes)",
         "defaults:",
         "  user: root",
         f"  identity_file: {testbed.client_key}",
