@@ -10,7 +10,7 @@ The kernel wants, per request, keys = prefix rows ++ draft rows, and a ``[T, q_l
 Both functions are pure tensor code with static output shapes: no host synchronisation, so they run in
 SGLang's CUDA-graph metadata hooks, on CPU in the replay service, and in the tests alike.
 
-The classic bug (design.md s.2) is one line away, on purpose, so that the deploy tests can build a broken
+The classic bug (docs/sglang-verify.md) is one line away, on purpose, so that the deploy tests can build a broken
 release by editing a copy of this file. Each marked line is a complete statement of its own: delete it, or
 replace it by ``pass`` (keeping the indentation), and the code still runs, wrongly:
   * the line tagged kdtree:drafts-appended (``key_lens += q_len``): without it the keys are the prefix only; the kernel

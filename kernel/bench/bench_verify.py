@@ -5,7 +5,7 @@ on chain masks) on identical SGLang-shaped inputs, with the two roofline ceiling
 
 Timing: every path is captured in a CUDA graph of several calls (as SGLang replays verify) and timed with
 triton.testing.do_bench (median). Calls rotate over several input sets so small problems are not served from
-L2. Writes the JSON (design.md s.1a schema) and a markdown table beside it.
+L2. Writes the JSON (schema in docs/architecture.md) and a markdown table beside it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ ROTATION_BYTES = 256 * 2**20  # input sets per timing span at least this many by
 CALLS_PER_GRAPH = 20
 REP_MS = 100  # do_bench measuring window per timing (ms)
 
-# design.md s.8 grid, the baseline tool's extra cases, bs 128 x 4096, and q_len 32/64 cases.
+# the baseline grid of docs/sglang-verify.md, the baseline tool's extra cases, bs 128 x 4096, and q_len 32/64 cases.
 TREE_CASES = [
     (1, 1024, 9, 8),
     (1, 8192, 9, 8),

@@ -129,6 +129,6 @@ def test_classic_bug_drafts_dropped_shows_in_kv_len_max(tmp_path: Path) -> None:
     buggy = buggy_marshal_module("drafts", tmp_path)
     batch = make_verify_batch(bs=1, prefix=21, q_len=9, heads=8, seed=2)
     key_indptr, _ = buggy.build_verify_keys(batch.kv_indptr, batch.kv_indices, batch.out_cache_loc, 9)
-    assert int(key_indptr[-1]) == 21  # design.md s.2: kv_len_max=21 with a (270,) = 9 x (21 + 9) mask
+    assert int(key_indptr[-1]) == 21  # docs/sglang-verify.md: kv_len_max=21 with a (270,) = 9 x (21 + 9) mask
     good, _ = build_verify_keys(batch.kv_indptr, batch.kv_indices, batch.out_cache_loc, 9)
     assert int(good[-1]) == 30 and int(batch.mask_indptr[-1]) == 270

@@ -27,7 +27,7 @@ def copy_tree(dest: Path, tag: str = "") -> Path:
 
 
 def classic_bug(dest: Path, tag: str = "classic-bug") -> Path:
-    """The marshaling bug of design.md s.2, made the way marshal.py's docstring says: drafts left out of the keys."""
+    """The marshaling bug of docs/sglang-verify.md, made the way marshal.py's docstring says: drafts left out of the keys."""
     tree = copy_tree(dest, tag)
     marshal = tree / "backend" / "kdtree_backend" / "marshal.py"
     lines = marshal.read_text().splitlines(keepends=True)

@@ -41,7 +41,7 @@ def install_unit(host: HostConfig, exec_start: str, *, restart: str = "no") -> N
 
 
 def install_release(host: HostConfig, files: dict[str, str]) -> str:
-    """A release directory with a manifest, and `current` pointing at it (the s.4 layout)."""
+    """A release directory with a manifest, and `current` pointing at it (docs/release-layout.md)."""
     entries = tuple(
         FileEntry(p, hashlib.sha256(t.encode()).hexdigest(), len(t.encode()), False) for p, t in sorted(files.items())
     )
