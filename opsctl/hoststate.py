@@ -1,4 +1,4 @@
-"""The s.4 layout of a release root on a host, and the operations on it.
+"""The layout of a release root on a host (docs/release-layout.md), and the operations on it.
 
 <root>/releases/<id>/   one release (kernel/ backend/ deploy/ systemd/ manifest.json, built extension, unit.service)
 <root>/current          symlink -> releases/<id>, switched by rename(2) of a temp symlink
@@ -130,6 +130,7 @@ class HostSnapshot:
     other_root_entries: tuple[str, ...] = field(default_factory=tuple)
     boot_id: str = ""
     lock_boot_id: str = ""
+    bad_reasons: dict[str, str] = field(default_factory=dict)  # bad release -> why it was marked (its mark's reason)
 
     @property
     def lock_stale(self) -> bool:
@@ -153,7 +154,7 @@ echo "root_exists=$(test -d "$R" && echo 1 || echo 0)"
 echo "managed=$(cat "$R/state/managed.json" 2>/dev/null | tr -d '\\n')"
 echo "current=$(readlink "$R/current" 2>/dev/null)"
 for d in "$R"/releases/*/; do [ -d "$d" ] && echo "release=$(stat -c %Y "$d") $(basename "$d")"; done
-for f in "$R"/state/bad/*; do [ -f "$f" ] && echo "bad=$(basename "$f")"; done
+for f in "$R"/state/bad/*; do [ -f "$f" ] && echo "bad=$(basename "$f") $(head -c 800 "$f" | tr -d '\\n')"; done
 echo "last_good=$(cat "$R/state/last-good" 2>/dev/null)"
 if [ -d "$R/state/lock" ]; then echo "lock_present=1"; echo "lock=$(cat "$R/state/lock/owner.json" 2>/dev/null | tr -d '\\n')"; echo "lock_boot=$(cat "$R/state/lock/boot_id" 2>/dev/null)"; fi
 echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
@@ -180,6 +181,7 @@ def parse_snapshot(stdout: str) -> HostSnapshot:
     kv: dict[str, str] = {}
     releases: dict[str, float] = {}
     bad: set[str] = set()
+    bad_reasons: dict[str, str] = {}
     entries: list[str] = []
     unit: dict[str, str] = {}
     for line in stdout.splitlines():
@@ -191,7 +193,11 @@ def parse_snapshot(stdout: str) -> HostSnapshot:
             if valid_id(name):
                 releases[name] = float(mtime or 0)
         elif key == "bad":
-            bad.add(value)
+            name, _, mark = value.partition(" ")
+            bad.add(name)
+            reason = (_json_or_none(mark) or {}).get("reason")
+            if isinstance(reason, str) and reason:
+                bad_reasons[name] = reason
         elif key == "entry":
             entries.append(value)
         elif key.startswith("unit."):
@@ -227,6 +233,7 @@ def parse_snapshot(stdout: str) -> HostSnapshot:
         other_root_entries=tuple(e for e in entries if e not in ("releases", "state", "current")),
         boot_id=kv.get("boot_id", ""),
         lock_boot_id=kv.get("lock_boot", ""),
+        bad_reasons=bad_reasons,
     )
 
 
