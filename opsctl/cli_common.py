@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from pydantic import BaseModel
 from rich.console import Console
@@ -171,18 +170,12 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def json_requested() -> bool:
-    """Whether the running command was given --json (its parameter is ``as_json`` or ``json_out``)."""
-    ctx = click.get_current_context(silent=True)
-    return bool(ctx and (ctx.params.get("as_json") or ctx.params.get("json_out")))
-
-
-def report_error(e: OpsError, *, as_json: bool | None = None) -> None:
+def report_error(e: OpsError, *, as_json: bool = False) -> None:
     """One red line on stderr; under --json also ``{"error", "exit_code"}`` on stdout; the traceback with --debug."""
     if options.debug:
         err.print(escape("".join(traceback.format_exception(e)).rstrip()), soft_wrap=True, highlight=False)
     err.print(f"[bold red]error:[/] [red]{escape(e.message)}[/]", soft_wrap=True)
-    if as_json if as_json is not None else json_requested():
+    if as_json:
         emit_json({"error": e.message, "exit_code": e.exit_code, "kind": type(e).__name__})
 
 
@@ -199,22 +192,23 @@ def report_unexpected(e: BaseException, *, as_json: bool = False) -> int:
 
 
 @contextmanager
-def error_boundary() -> Iterator[None]:
+def error_boundary(as_json: bool = False) -> Iterator[None]:
     """OpsError -> one red line on stderr (plus the JSON error under --json) and ``raise typer.Exit(exit_code)``;
     no traceback unless --debug."""
     try:
         yield
     except OpsError as e:
-        report_error(e)
+        report_error(e, as_json=as_json)
         raise typer.Exit(e.exit_code) from None
 
 
 def bounded(fn: Callable[..., None]) -> Callable[..., None]:
-    """A command inside the error boundary (also when the app is driven by a test runner)."""
+    """A command inside the error boundary (also when the app is driven by a test runner). A command's --json
+    parameter is named ``as_json`` or ``json_out``; with it, errors are also a JSON object on stdout."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> None:
-        with error_boundary():
+        with error_boundary(as_json=bool(kwargs.get("as_json") or kwargs.get("json_out"))):
             fn(*args, **kwargs)
 
     return wrapper

@@ -20,7 +20,7 @@ import pytest
 
 from opsctl import deploy as d
 from opsctl import hoststate as hs
-from opsctl.errors import DeployFailed, GateFailed, LockHeld, SshError
+from opsctl.errors import DeployFailed, LockHeld, SshError
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.parity import ParityLine, parse_line
 from opsctl.release import make_manifest
@@ -201,11 +201,22 @@ def test_classic_bug_caught_before_restart(tb1: HostConfig, good_tree: Path, goo
     ensure_good(tb1, good_tree, good_id)
     before, _ = state(tb1)
     bad = trees.classic_bug(tmp_path / "bug2", tag="classic-bug-prerestart")
-    with pytest.raises(GateFailed, match="pre-restart parity FAIL"):
-        d.deploy(tb1, bad, d.DeployOptions())
+    rec = Recorder()
+    res = d.deploy(tb1, bad, d.DeployOptions(), rec)
+    # Reported like a gate failure: verdict FAIL, the failing layers' rel in the reason, the lines to the reporter.
+    assert res.verdict == "FAIL" and not res.ok, res.line()
+    assert res.reason.startswith("pre-restart parity L") and "rel=" in res.reason, res.reason
+    assert res.line().startswith(f"tb1: deploy {make_manifest(bad).id} -> FAIL (pre-restart parity L")
+    assert rec.parity_lines and "parity" in rec.failed_steps and "switch" not in rec.steps
     snap = assert_healthy(tb1, good_id)
     assert snap.unit.invocation_id == before.unit.invocation_id  # never restarted
     assert make_manifest(bad).id in snap.bad
+    assert snap.bad_reasons[make_manifest(bad).id] == res.reason
+    _, history = state(tb1)
+    assert history[-1]["verdict"] == "FAIL" and history[-1]["stage"] == "pre-restart parity"  # not ERROR
+    # A redeploy is refused for the reason it is bad, not "a failed gate".
+    with pytest.raises(DeployFailed, match="marked bad there \\(pre-restart parity L"):
+        d.deploy(tb1, bad, d.DeployOptions())
 
 
 def test_build_failure_switches_nothing(tb1: HostConfig, good_tree: Path, good_id: str, tmp_path: Path) -> None:
