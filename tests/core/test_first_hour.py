@@ -1,5 +1,5 @@
 """Issue 16, the first hour of a new user: each item has a test here that can fail (no testbed needed; the ones
-that need hosts are in tests/testbed/test_first_hour_testbed.py).
+that need hosts are in tests/deploy/test_first_hour_cli.py).
 
 Hosts that must not answer are real sockets on 127.0.0.1: a closed port (refused) or a listener that closes the
 connection before any SSH banner; nothing here reaches a real host.
