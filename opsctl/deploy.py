@@ -1,4 +1,4 @@
-"""The deploy pipeline of design.md s.5 for one host: plan (pure) -> execute (SSH), plus rollback, restart,
+"""The deploy pipeline of docs/pipeline.md for one host: plan (pure) -> execute (SSH), plus rollback, restart,
 adopt and the gate loop.
 
 Every remote command is a list (shlex.join'ed by the SSH layer) or a string built with shlex.quote. Progress goes
@@ -8,7 +8,6 @@ to a ``Reporter`` (the CLI's rich one, or a recording one in tests); the result 
 from __future__ import annotations
 
 import contextlib
-import math
 import shlex
 import tempfile
 import time
@@ -20,11 +19,11 @@ from typing import Any, Protocol, TypeVar
 from . import hoststate as hs
 from . import unit as unitmod
 from .errors import CommandFailed, CommandTimeout, DeployFailed, GateFailed, LockHeld, OpsError, SshError
-from .gate import GateState, Verdict
+from .gate import GateState, LineVerdict, Verdict, judge
 from .hoststate import HostSnapshot, Layout, LockOwner
 from .inventory import HostConfig
 from .journal import Follower, Mark, mark_command, parse_mark
-from .parity import ParityLine, parse_line
+from .parity import ParityLine
 from .release import Manifest, make_manifest, stage
 
 T = TypeVar("T")
@@ -168,9 +167,8 @@ def make_plan(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: De
         seen = ", ".join(snap.gpu_compute_caps) or "no GPU visible to nvidia-smi"
         refusal = f"{host.name}: inventory says gpu_arch {host.gpu_arch} but the host reports {seen}"
     elif manifest.id in snap.bad and not opts.force:
-        refusal = (
-            f"{host.name}: release {manifest.id} is marked bad there (a failed gate); use --force to deploy it anyway"
-        )
+        why = snap.bad_reasons.get(manifest.id) or "a failed gate"
+        refusal = f"{host.name}: release {manifest.id} is marked bad there ({why}); use --force to deploy it anyway"
     up_to_date = refusal is None and manifest.id == snap.current and not opts.force
     if snap.unit.drop_in_paths:
         notes.append(f"drop-ins override parts of the unit: {snap.unit.drop_in_paths}")
@@ -310,18 +308,35 @@ def _mark(r: Any, host: HostConfig) -> Mark:
 
 
 def restart_unit(r: Any, host: HostConfig) -> Mark:
-    """Record the journal position + old invocation, restart, and read the restart counter baseline.
+    """Record the journal position + old invocation, hand the next invocation a fresh parity token, restart, and
+    read the restart counter baseline.
 
     A unit that hit its start limit (a crash loop) is reset first, else systemd refuses the restart. A start job
     that fails is not an exception here: the gate sees the failed unit and decides."""
     m = _mark(r, host)
+    token = hs.new_parity_token()
+    hs.write_parity_token(r, Layout(host.root), token)
     u = shlex.quote(host.unit + ".service")
     out = r.run(
         f'systemctl reset-failed {u} 2>/dev/null; systemctl restart {u}; echo "rc=$?"; systemctl show -p NRestarts --value {u}',
         timeout=host.service.start_timeout_s + 60,
     ).stdout.split()
     restarts = out[-1] if out and out[-1].isdigit() else "0"
-    return Mark(old_invocation=m.old_invocation, cursor=m.cursor, n_restarts=int(restarts))
+    return Mark(old_invocation=m.old_invocation, cursor=m.cursor, n_restarts=int(restarts), token=token)
+
+
+def feed_line(state: GateState, message: str, now: float, reporter: Reporter) -> LineVerdict | None:
+    """One journal message into the gate, reported: parity lines with their verdict; a line that is not evidence
+    (wrong or missing token, or the marker inside another message) once, with the reason, never counted."""
+    j = judge(state, message, now)
+    if j is None:
+        return None
+    if j.line is None or j.verdict is LineVerdict.IGNORED:
+        where = f"parity line {j.line.where}" if j.line is not None else "line"
+        reporter.info(f"ignored {where}: {j.reason}: {j.raw.strip()[:160]}")
+    else:
+        reporter.parity(j.line, str(j.verdict))
+    return j.verdict
 
 
 def run_gate(
@@ -336,13 +351,13 @@ def run_gate(
 ) -> GateState:
     """Poll the unit and its new invocation's journal until the gate decides."""
     settings = host.gate
-    expected = host.service.tp if host.service.mode == "sglang" else None
     state = GateState(
         settings=settings,
         started_at=clock(),
         deadline_s=deadline_s or settings.deadline_s,
         baseline_restarts=mark.n_restarts,
-        expected_ranks=expected,
+        expected_ranks=host.service.tp,
+        token=mark.token,
     )
     follower = Follower(unit=host.unit, mark=mark)
     while True:
@@ -353,10 +368,7 @@ def run_gate(
                 raise DeployFailed(f"journal poll exited {res.rc}: {res.stderr.strip()[-300:]}")
             obs, entries = follower.ingest(res.stdout)
             for entry in entries:
-                rec = parse_line(entry.message)
-                if isinstance(rec, ParityLine):
-                    verdict = state.feed(rec, clock())
-                    reporter.parity(rec, str(verdict))
+                feed_line(state, entry.message, clock(), reporter)
             state.observe_unit(obs, clock())
         except SshError as e:
             session.drop()
@@ -418,9 +430,18 @@ def _build(r: Any, host: HostConfig, layout: Layout, release: str, note: dict[st
     raise DeployFailed(f"extension build failed (exit {res.rc}; log {rel}/build.log): {' | '.join(tail)}")
 
 
-def _prerestart_parity(r: Any, host: HostConfig, layout: Layout, release: str, note: dict[str, str]) -> None:
+def _prerestart_parity(
+    r: Any, host: HostConfig, layout: Layout, release: str, note: dict[str, str], reporter: Reporter
+) -> GateState:
+    """Replay a few verify steps with the new release on the host (its GPU, when it has one) and judge the lines
+    with the gate's own rules and a token of this run: a failing or malformed line fails it, passing lines
+    (or inconclusive ones: the restart's gate is the stricter check) let the deploy go on."""
     rel = layout.release(release)
-    env = f"PYTHONPATH={shlex.quote(f'{rel}/kernel:{rel}/backend')} KDTREE_CONFIG={shlex.quote(f'{rel}/deploy/kdtree.json')} PYTHONUNBUFFERED=1"
+    token = hs.new_parity_token()
+    env = (
+        f"PYTHONPATH={shlex.quote(f'{rel}/kernel:{rel}/backend')} KDTREE_CONFIG={shlex.quote(f'{rel}/deploy/kdtree.json')} "
+        f"PYTHONUNBUFFERED=1 {hs.PARITY_TOKEN_VAR}={token}"
+    )
     argv = [
         host.service.python,
         "-m",
@@ -433,17 +454,68 @@ def _prerestart_parity(r: Any, host: HostConfig, layout: Layout, release: str, n
         f"{host.gate.fail_rel:g}",
     ]
     res = r.run(f"cd {shlex.quote(rel)} && env {env} {shlex.join(argv)}", timeout=PARITY_TIMEOUT_S, check=False)
-    lines = [rec for rec in (parse_line(x) for x in res.stdout.splitlines()) if isinstance(rec, ParityLine)]
-    worst = max((x.rel if math.isfinite(x.rel) else math.inf for x in lines), default=None)
-    if res.rc == 0 and lines:
-        note["detail"] = f"{len(lines)} parity lines, worst rel {worst:.3g}"
-        return
-    if res.rc == PARITY_EXIT_FAIL:
-        raise GateFailed(
-            f"pre-restart parity FAIL: worst rel {worst} over {len(lines)} lines (threshold {host.gate.fail_rel:g})"
-        )
+    state = GateState(settings=host.gate, started_at=0.0, deadline_s=PARITY_TIMEOUT_S, expected_ranks=1, token=token)
+    for message in res.stdout.splitlines():
+        feed_line(state, message, 0.0, reporter)
+    state.conclude(0.0)
+    worst = state.worst.rel if state.worst is not None else None
+    if state.verdict is Verdict.FAIL or (res.rc == PARITY_EXIT_FAIL and state.lines):
+        raise GateFailed(f"pre-restart parity {state.reason or f'worst rel {worst:.4g}'}")
+    if res.rc == 0 and state.lines:
+        note["detail"] = f"{state.lines} parity lines, worst rel {worst:.3g}"
+        return state
     tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
-    raise DeployFailed(f"pre-restart parity could not run (exit {res.rc}): {tail}")
+    raise DeployFailed(f"pre-restart parity could not run (exit {res.rc}, {state.lines} parity lines): {tail}")
+
+
+class _ParityRecorder:
+    """Passes everything on to the reporter and keeps the parity lines with their verdicts."""
+
+    def __init__(self, inner: Reporter) -> None:
+        self.inner = inner
+        self.lines: list[tuple[ParityLine, str]] = []
+
+    def step(self, name: str, detail: str = "") -> None:
+        self.inner.step(name, detail)
+
+    def done(self, name: str, detail: str = "") -> None:
+        self.inner.done(name, detail)
+
+    def failed(self, name: str, detail: str = "") -> None:
+        self.inner.failed(name, detail)
+
+    def info(self, message: str) -> None:
+        self.inner.info(message)
+
+    def parity(self, line: ParityLine, verdict: str) -> None:
+        self.lines.append((line, verdict))
+        self.inner.parity(line, verdict)
+
+
+def prerestart_fail_reason(lines: list[tuple[ParityLine, str]], fail_rel: float, most: int = 4) -> str:
+    """``pre-restart parity L0 rel=1.12 L30 rel=1.08 ... >= 0.05 ...``: the failing layers (worst line of each, in
+    layer order), like the gate's reason. Empty when no line failed. Pure."""
+
+    def badness(line: ParityLine) -> float:
+        return line.rel if line.rel == line.rel else float("inf")  # NaN is the worst
+
+    worst: dict[tuple[int, int | None], ParityLine] = {}
+    for line, verdict in lines:
+        key = (line.layer, line.rank)
+        if verdict == "FAIL" and (key not in worst or badness(line) > badness(worst[key])):
+            worst[key] = line
+    if not worst:
+        return ""
+    ranks = {rank for _, rank in worst}
+    parts = [
+        f"L{layer}" + (f" TP{rank}" if len(ranks) > 1 else "") + f" rel={worst[(layer, rank)].rel:.3g}"
+        for layer, rank in sorted(worst, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+    ]
+    more = f" and {len(parts) - most} more" if len(parts) > most else ""
+    return (
+        f"pre-restart parity {' '.join(parts[:most])}{more} >= fail threshold {fail_rel:g}; "
+        "nothing switched or restarted"
+    )
 
 
 def _cleanup(r: Any, host: HostConfig, layout: Layout, keep_also: list[str | None]) -> list[str]:
@@ -539,11 +611,14 @@ def deploy(
             with timer.timed(rep, "build") as note:
                 _build(session.r, host, layout, manifest.id, note)
             if not opts.skip_prerestart_parity:
+                seen = _ParityRecorder(rep)
                 try:
                     with timer.timed(rep, "parity") as note:
-                        _prerestart_parity(session.r, host, layout, manifest.id, note)
+                        _prerestart_parity(session.r, host, layout, manifest.id, note, seen)
                 except GateFailed as e:
-                    hs.mark_bad(session.r, layout, manifest.id, e.message)
+                    # Reported like the gate: the lines (above), verdict FAIL, the failing layers in the reason.
+                    reason = prerestart_fail_reason(seen.lines, host.gate.fail_rel) or e.message
+                    hs.mark_bad(session.r, layout, manifest.id, reason)
                     hs.append_history(
                         session.r,
                         layout,
@@ -551,11 +626,11 @@ def deploy(
                             "event": "deploy",
                             "release": manifest.id,
                             "verdict": "FAIL",
-                            "reason": e.message,
+                            "reason": reason,
                             "stage": "pre-restart parity",
                         },
                     )
-                    raise
+                    return finish("FAIL", reason)
             session.r.write_file(
                 f"{layout.release(manifest.id)}/unit.service", unitmod.render_from_tree(src, host).encode()
             )

@@ -1,14 +1,20 @@
-"""The parity gate of design.md s.5, as pure decisions over data (no I/O, no clock of its own).
+"""The parity gate of docs/gate.md, as pure decisions over data (no I/O, no clock of its own).
 
 Feed it parity lines, unit observations, SSH outcomes and the time; it answers PENDING until it decides:
 
-* PASS          every rank that printed has K consecutive passing lines (and, when the expected number of TP
-                ranks is known and lines name their rank, every rank has printed);
-* FAIL          a failing line on any rank (rel >= fail threshold, NaN or infinite), a failed/stopped unit, or a
-                crash loop (NRestarts risen by more than max_restarts since the restart);
-* NODATA        no parity line at all before the deadline (a FAIL for the deployer);
+* PASS          every TP rank of the unit (``expected_ranks``; when unknown, every rank that printed) has K
+                consecutive passing lines;
+* FAIL          a failing line on any rank (rel >= fail threshold; or a malformed line: NaN, infinite, negative,
+                missing, duplicated or garbled values, no ``tp=``, a rank outside the unit's TP size), a
+                failed/stopped unit, or a crash loop (NRestarts risen by more than max_restarts since the restart);
+* NODATA        no parity line at all before the deadline, or a TP rank that stayed silent (a FAIL for the
+                deployer);
 * INCONCLUSIVE  parity lines but no K-pass streak before the deadline (a FAIL for the deployer);
 * ERROR         SSH failed ssh_retries+1 times in a row: the gate could not look, which is never a pass.
+
+Lines that are not evidence are IGNORED, never counted either way: when the gate knows the invocation's token,
+a parity line with a missing or different ``token=`` (a forgery, or a line of another run). Each is reported once,
+with its reason (``ignored_reason``), by whoever feeds the gate.
 """
 
 from __future__ import annotations
@@ -18,13 +24,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from .inventory import GateSettings
-from .parity import ParityLine
+from .parity import ParityLine, misplaced_marker, parse_line
 
 
 class LineVerdict(StrEnum):
     PASS = "PASS"
     FAIL = "FAIL"
     INCONCLUSIVE = "INCONCLUSIVE"
+    IGNORED = "IGNORED"
 
 
 class Verdict(StrEnum):
@@ -41,8 +48,8 @@ class Verdict(StrEnum):
 
 
 def classify(line: ParityLine, settings: GateSettings) -> LineVerdict:
-    """One parity line -> PASS / FAIL / INCONCLUSIVE. Anything not finite fails."""
-    if not line.finite or not math.isfinite(line.rel):
+    """One parity line -> PASS / FAIL / INCONCLUSIVE. A malformed line or anything not finite fails."""
+    if line.problems or not line.finite or line.rel < 0:
         return LineVerdict.FAIL
     if line.rel >= settings.fail_rel:
         return LineVerdict.FAIL
@@ -69,6 +76,7 @@ class GateState:
     deadline_s: float
     baseline_restarts: int = 0
     expected_ranks: int | None = None
+    token: str | None = None
     verdict: Verdict = Verdict.PENDING
     reason: str = ""
     decided_at: float | None = None
@@ -86,31 +94,57 @@ class GateState:
 
     @property
     def lines(self) -> int:
-        return sum(self.counts.values())
+        """Counted parity lines (ignored ones excluded)."""
+        return sum(n for lv, n in self.counts.items() if lv is not LineVerdict.IGNORED)
+
+    def conclude(self, now: float) -> None:
+        """No more evidence will come (the end of an offline journal): decide as the deadline would."""
+        self.tick(max(now, self.started_at + self.deadline_s))
 
     def _decide(self, verdict: Verdict, reason: str, now: float) -> None:
         if not self.decided:
             self.verdict, self.reason, self.decided_at = verdict, reason, now
 
+    def ignored_reason(self, line: ParityLine) -> str | None:
+        """Why this line is not evidence at all (None when it is): a missing or foreign token."""
+        if self.token is None:
+            return None
+        if line.token is None:
+            return "no token= (not printed by the watched invocation)"
+        if line.token != self.token:
+            return "wrong token= (not printed by the watched invocation)"
+        return None
+
+    def problems(self, line: ParityLine) -> tuple[str, ...]:
+        """What makes a line malformed here: its own problems, plus a rank outside the unit's TP size."""
+        out = line.problems
+        if self.expected_ranks is not None and line.rank is not None and line.rank >= self.expected_ranks:
+            out = (*out, f"tp={line.rank} outside the unit's {self.expected_ranks} TP ranks")
+        return out
+
     def feed(self, line: ParityLine, now: float) -> LineVerdict:
         """Count one parity line (in journal order). Lines after the decision are classified but change nothing."""
-        lv = classify(line, self.settings)
+        if self.ignored_reason(line) is not None:
+            self.counts[LineVerdict.IGNORED] += 1
+            return LineVerdict.IGNORED
+        problems = self.problems(line)
+        lv = LineVerdict.FAIL if problems else classify(line, self.settings)
         if self.decided:
             return lv
         self.counts[lv] += 1
         self.last_by_rank[line.rank] = line
         if self.worst is None or _badness(line.rel) >= _badness(self.worst.rel):
             self.worst = line
-        where = f"L{line.layer}" + (f" TP{line.rank}" if line.rank is not None else "")
+        where = line.where
         if lv is LineVerdict.FAIL:
             self.streaks[line.rank] = 0
-            self._decide(
-                Verdict.FAIL,
-                f"parity {where} rel={line.rel:.4g} >= fail threshold {self.settings.fail_rel:g}"
-                if math.isfinite(line.rel)
-                else f"parity {where} is not finite (rel={line.rel})",
-                now,
-            )
+            if problems:
+                reason = f"malformed parity line {where}: {'; '.join(problems)}"
+            elif math.isfinite(line.rel):
+                reason = f"parity {where} rel={line.rel:.4g} >= fail threshold {self.settings.fail_rel:g}"
+            else:
+                reason = f"parity {where} is not finite (rel={line.rel})"
+            self._decide(Verdict.FAIL, reason, now)
         elif lv is LineVerdict.INCONCLUSIVE:
             self.streaks[line.rank] = 0
         else:
@@ -118,14 +152,18 @@ class GateState:
             self._check_pass(now)
         return lv
 
+    def silent_ranks(self) -> list[int]:
+        """The unit's TP ranks that have printed no counted parity line yet."""
+        if self.expected_ranks is None:
+            return []
+        return [r for r in range(self.expected_ranks) if r not in self.last_by_rank]
+
     def _check_pass(self, now: float) -> None:
         k = self.settings.consecutive_passes
-        if not self.streaks or any(s < k for s in self.streaks.values()):
+        if not self.streaks or any(s < k for s in self.streaks.values()) or self.silent_ranks():
             return
         ranks = [r for r in self.streaks if r is not None]
-        if self.expected_ranks is not None and ranks and len(ranks) < self.expected_ranks:
-            return
-        who = f" on each of {len(self.streaks)} ranks" if ranks else ""
+        who = f" on each of {len(self.streaks)} ranks" if len(ranks) > 1 else ""
         self._decide(
             Verdict.PASS, f"{k} consecutive passing parity lines{who} (rel <= {self.settings.pass_rel:g})", now
         )
@@ -158,8 +196,22 @@ class GateState:
         """Apply the deadline."""
         if self.decided or now - self.started_at < self.deadline_s:
             return
+        silent = self.silent_ranks()
         if self.lines == 0:
-            self._decide(Verdict.NODATA, f"no parity line within {self.deadline_s:g}s", now)
+            ignored = self.counts[LineVerdict.IGNORED]
+            self._decide(
+                Verdict.NODATA,
+                f"no parity line within {self.deadline_s:g}s"
+                + (f" ({ignored} lines ignored: wrong or missing token)" if ignored else ""),
+                now,
+            )
+        elif silent:
+            self._decide(
+                Verdict.NODATA,
+                f"TP rank(s) {', '.join(map(str, silent))} of {self.expected_ranks} printed no parity line "
+                f"within {self.deadline_s:g}s",
+                now,
+            )
         else:
             c = self.counts
             self._decide(
@@ -179,6 +231,7 @@ class GateState:
             "pass": self.counts[LineVerdict.PASS],
             "fail": self.counts[LineVerdict.FAIL],
             "inconclusive": self.counts[LineVerdict.INCONCLUSIVE],
+            "ignored": self.counts[LineVerdict.IGNORED],
             "restarts": self.restarts_seen,
             "elapsed_s": round((self.decided_at or self.started_at) - self.started_at, 3),
             "worst": None
@@ -190,6 +243,42 @@ class GateState:
                 "max_abs_diff": _json_float(worst.max_abs_diff),
             },
         }
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the gate made of one journal message that is, or pretends to be, a parity line."""
+
+    verdict: LineVerdict
+    reason: str
+    raw: str
+    line: ParityLine | None = None  # None: the marker was inside another message
+
+
+def line_reason(state: GateState, line: ParityLine, verdict: LineVerdict) -> str:
+    """Why one line got its verdict, in words a reader can check against the thresholds."""
+    s = state.settings
+    if verdict is LineVerdict.IGNORED:
+        return state.ignored_reason(line) or "ignored"
+    problems = state.problems(line)
+    if problems:
+        return "malformed: " + "; ".join(problems)
+    if verdict is LineVerdict.FAIL:
+        return f"rel {line.rel:.4g} >= fail threshold {s.fail_rel:g}"
+    if verdict is LineVerdict.INCONCLUSIVE:
+        return f"{s.pass_rel:g} < rel {line.rel:.4g} < {s.fail_rel:g}: neither pass nor fail, breaks the streak"
+    return f"rel {line.rel:.4g} <= {s.pass_rel:g}"
+
+
+def judge(state: GateState, message: str, now: float) -> Judgement | None:
+    """One journal message into the gate. None for a message that is not about parity at all."""
+    rec = parse_line(message)
+    if not isinstance(rec, ParityLine):
+        if rec is None and misplaced_marker(message):
+            return Judgement(LineVerdict.IGNORED, "[kdtree] inside another message, not a parity line", message)
+        return None
+    verdict = state.feed(rec, now)
+    return Judgement(verdict, line_reason(state, rec, verdict), rec.raw, rec)
 
 
 def _badness(rel: float) -> float:

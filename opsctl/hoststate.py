@@ -15,6 +15,7 @@ import datetime as dt
 import getpass
 import json
 import os
+import secrets
 import shlex
 import socket
 import uuid
@@ -83,6 +84,11 @@ class Layout:
     @property
     def managed(self) -> str:
         return f"{self.state}/managed.json"
+
+    @property
+    def parity_env(self) -> str:
+        """The unit's EnvironmentFile holding this invocation's parity token (root-only, rewritten per restart)."""
+        return f"{self.state}/parity.env"
 
     @property
     def cursors(self) -> str:
@@ -392,6 +398,33 @@ def switch_current(r: Remote, layout: Layout, release: str) -> None:
         f"&& mv -Tf {shlex.quote(tmp)} {shlex.quote(layout.current)}",
         timeout=60,
     )
+
+
+PARITY_TOKEN_VAR = "KDTREE_PARITY_TOKEN"  # read by kdtree_backend.lines; systemd passes it to the unit
+
+
+def new_parity_token() -> str:
+    return secrets.token_hex(16)
+
+
+def write_parity_token(r: Remote, layout: Layout, token: str) -> None:
+    """Hand the next invocation of the unit its parity token (EnvironmentFile, read by systemd at each start)."""
+    r.run(["mkdir", "-p", "-m", "0700", "--", layout.state], timeout=60)
+    r.write_file(layout.parity_env, f"{PARITY_TOKEN_VAR}={token}\n", mode=0o600)
+
+
+def read_parity_token(r: Remote, layout: Layout) -> str | None:
+    """The token the running invocation was started with (None before the first opsctl restart)."""
+    res = r.run(f"cat -- {shlex.quote(layout.parity_env)} 2>/dev/null || true", timeout=60)
+    return parse_parity_env(res.stdout)
+
+
+def parse_parity_env(text: str) -> str | None:
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == PARITY_TOKEN_VAR and value.strip():
+            return value.strip()
+    return None
 
 
 def mark_bad(r: Remote, layout: Layout, release: str, reason: str) -> None:

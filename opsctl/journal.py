@@ -27,6 +27,7 @@ class Mark:
     old_invocation: str
     cursor: str | None
     n_restarts: int = 0
+    token: str | None = None  # the parity token handed to the new invocation (None: lines are not token-checked)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ def exec_argv(host: HostConfig) -> list[str]:
             args = ["--steps", "0", *args]
         if not any(a == "--interval" or a.startswith("--interval=") for a in args):
             args = [*args, "--interval", f"{REPLAY_INTERVAL_S:g}"]
+        if not any(a == "--tp-size" or a.startswith("--tp-size=") for a in args):
+            args = [*args, "--tp-size", str(svc.tp)]  # one set of parity lines per rank, as the server prints
         return [svc.python, "-m", "kdtree_backend.replay", *args]
     if svc.attention == "kdtree":
         attention = ["--attention-backend", "kdtree"]

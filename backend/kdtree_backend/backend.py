@@ -22,7 +22,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
 from .config import load_config
 from .engine import VerifyEngine
-from .lines import OncePer, format_fallback
+from .lines import OncePer, ParityIdentity, format_fallback
 from .routing import call_fallback_reason, layer_fallback_reason, static_fallback_reason
 
 if TYPE_CHECKING:
@@ -76,6 +76,8 @@ class KdtreeAttnBackend(TritonAttnBackend):
                 parity=config.parity,
                 use_kernel=True,
                 v_head_dim=self.v_head_dim,
+                # Each TP rank prints its own parity lines; the gate needs passing lines from every rank.
+                identity=ParityIdentity.from_env(tp=int(getattr(model_runner, "tp_rank", 0) or 0)),
             )
             # Verify is ours; upstream's topk == 1 verify kernels would otherwise take it first.
             self.use_verify_shared_kv = False
@@ -131,18 +133,19 @@ class KdtreeAttnBackend(TritonAttnBackend):
             return
         import kdtree_kernel
 
+        key_buffer = self.token_to_kv_pool.get_key_buffer(self.token_to_kv_pool.start_layer)
+        fp8 = key_buffer.dtype == torch.float8_e4m3fn
         workspace_size = getattr(kdtree_kernel, "workspace_size", None)
         workspace = (
-            int(workspace_size(max_bs, engine.q_len, engine.heads, self.max_context_len, self.device))
+            int(workspace_size(max_bs, engine.q_len, engine.heads, self.max_context_len, self.device, fp8=fp8))
             if workspace_size is not None
             else 0
         )
-        key_buffer = self.token_to_kv_pool.get_key_buffer(self.token_to_kv_pool.start_layer)
         engine.allocate_graph_buffers(
             max_bs=max_bs,
             max_context_len=self.max_context_len,
             device=torch.device(self.device),
-            dtype=key_buffer.dtype,
+            dtype=torch.bfloat16 if fp8 else key_buffer.dtype,  # the outputs' dtype (an fp8 pool's model is bf16)
             workspace_bytes=workspace,
         )
 
@@ -212,5 +215,7 @@ class KdtreeAttnBackend(TritonAttnBackend):
             values["o_extend"],
             float(values["sm_scale"]),
             triton_reference,
+            k_scale=float(values.get("k_scale", 1.0)),
+            v_scale=float(values.get("v_scale", 1.0)),
         )
         return None

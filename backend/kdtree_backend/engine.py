@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import ParityConfig
-from .lines import OncePer, emit, format_parity
+from .lines import OncePer, ParityIdentity, emit, format_parity
 from .marshal import verify_keys_capacity
 from .verify import VerifyMetadata, attend, marshal_verify, parity_stats, parity_stats_device, shapes_line
 
@@ -62,8 +62,10 @@ class VerifyEngine:
         use_kernel: bool,
         v_head_dim: int = 512,
         sink: Callable[[str], None] = emit,
+        identity: ParityIdentity | None = None,
     ) -> None:
         self.q_len = q_len
+        self.identity = identity or ParityIdentity.from_env()
         self.heads = heads
         self.parity = parity
         self.use_kernel = use_kernel
@@ -175,6 +177,12 @@ class VerifyEngine:
             )
             self.max_prefix_len = max_prefix_len
             self.qo_indptr = qo_indptr[: bs + 1].to(torch.int32)
+            if self.use_kernel and self.meta.key_indptr.is_cuda:
+                # Eager: refuse a malformed batch once per step (one host read), not once per layer. Graph
+                # replays skip this: the kernel reads no key of a malformed request (request_keys).
+                from kdtree_kernel.inputs import key_lengths
+
+                key_lengths(self.meta.key_indptr, self.q_len, self.meta.keys.numel())
         if not capture:
             self._queue_shapes(mask_indptr, bs, kv_buffer_shape)
 
@@ -204,8 +212,13 @@ class VerifyEngine:
         out: torch.Tensor,
         sm_scale: float,
         triton_reference: TritonReference | None = None,
+        *,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
-        """The kernel for one layer into ``out`` ([T, H, Dl]); parity per the configuration."""
+        """The kernel for one layer into ``out`` ([T, H, Dl]); parity per the configuration. An fp8 pool
+        (float8_e4m3fn) comes with the descales SGLang gives its Triton kernel (``k_scale``, ``v_scale``); the
+        parity reference is then SGLang's own fp8 Triton path on the same pool."""
         meta, qo_indptr = self.meta, self.qo_indptr
         if meta is None or qo_indptr is None:
             raise RuntimeError("verify forward before prepare() (init_forward_metadata) for this step")
@@ -235,6 +248,9 @@ class VerifyEngine:
             max_prefix_len=self.max_prefix_len,
             workspace=buffers.workspace if buffers is not None else None,
             v_head_dim=self.v_head_dim,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            validate=False,  # checked once per step in prepare() (eager); the kernel guards graph replays
         )
         if triton_reference is None or not self.parity.enabled or layer_id not in self.parity.layers:
             return out
@@ -248,7 +264,7 @@ class VerifyEngine:
             ref = torch.empty_like(out)
             triton_reference(ref, qo_indptr)
             max_abs, mean, rel = parity_stats(out, ref)
-            self.sink(format_parity(layer_id, max_abs, mean, rel, mode="eager", step=self.step))
+            self.sink(format_parity(layer_id, max_abs, mean, rel, self.identity, mode="eager", step=self.step))
         return out
 
     def _report_graph_parity(self) -> None:
@@ -272,7 +288,7 @@ class VerifyEngine:
             _, step, host = self._stats_copies.pop(0)
             for slot, layer in enumerate(self.parity.layers):
                 max_abs, mean, rel = host[slot].tolist()
-                self.sink(format_parity(layer, max_abs, mean, rel, mode="graph", step=step))
+                self.sink(format_parity(layer, max_abs, mean, rel, self.identity, mode="graph", step=step))
 
     def flush(self) -> None:
         """Print the graph-mode parity still pending, waiting for its copies: for tests and shutdown."""

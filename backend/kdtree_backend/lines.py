@@ -1,11 +1,36 @@
-"""The ``[kdtree]`` stdout lines of design.md s.3: formatting (pure) and emission (print + flush)."""
+"""The ``[kdtree]`` stdout lines (docs/lines.md): formatting (pure) and emission (print + flush).
+
+Every parity line names the TP rank that computed it (``tp=``) and carries the token of this invocation
+(``token=``, from ``$KDTREE_PARITY_TOKEN``, which opsctl writes fresh before each restart): the deploy gate counts
+only lines with the token it handed out, so text that merely looks like a parity line cannot pass it.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 
 PREFIX = "[kdtree]"
+TOKEN_ENV = "KDTREE_PARITY_TOKEN"
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{8,128}")
+
+
+@dataclass(frozen=True)
+class ParityIdentity:
+    """Who prints a parity line: the tensor-parallel rank, and the invocation's token (None when unset)."""
+
+    tp: int = 0
+    token: str | None = None
+
+    @staticmethod
+    def from_env(tp: int = 0, environ: Mapping[str, str] | None = None) -> ParityIdentity:
+        """The token from the environment; a malformed one is dropped (the gate then ignores our lines, which
+        fails the deploy loudly rather than letting a token with spaces break the line's fields)."""
+        raw = (os.environ if environ is None else environ).get(TOKEN_ENV, "").strip()
+        return ParityIdentity(tp=int(tp), token=raw if _TOKEN_RE.fullmatch(raw) else None)
 
 
 def _shape(shape: Sequence[int]) -> str:
@@ -33,9 +58,13 @@ def format_shapes(
     return line + "".join(f" {key}={value}" for key, value in extra.items())
 
 
-def format_parity(layer: int, max_abs_diff: float, mean: float, rel: float, **extra: object) -> str:
-    """``[kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00``"""
-    line = f"{PREFIX} L{layer} max_abs_diff={max_abs_diff:.4e} mean={mean:.4e} rel={rel:.4e}"
+def format_parity(
+    layer: int, max_abs_diff: float, mean: float, rel: float, identity: ParityIdentity, **extra: object
+) -> str:
+    """``[kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00 tp=0 token=...``"""
+    line = f"{PREFIX} L{layer} max_abs_diff={max_abs_diff:.4e} mean={mean:.4e} rel={rel:.4e} tp={identity.tp}"
+    if identity.token is not None:
+        line += f" token={identity.token}"
     return line + "".join(f" {key}={value}" for key, value in extra.items())
 
 

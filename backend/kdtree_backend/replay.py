@@ -25,7 +25,7 @@ import torch
 
 from .batch import dense_verify_attention, make_verify_batch
 from .config import ConfigError, ReplayConfig, load_config
-from .lines import OncePer, emit, format_fallback, format_parity
+from .lines import OncePer, ParityIdentity, emit, format_fallback, format_parity
 from .verify import attend, kernel_usable, marshal_verify, parity_stats, shapes_line, shapes_signature
 
 EXIT_OK = 0
@@ -49,6 +49,7 @@ class ReplaySettings:
     tree: str
     seed: int
     threshold: float | None
+    tp_size: int = 1
 
 
 @dataclass
@@ -104,6 +105,13 @@ def build_parser(defaults: ReplayConfig) -> argparse.ArgumentParser:
     parser.add_argument("--tree", choices=("tree", "chain", "star"), default=defaults.tree)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--tp-size",
+        type=_positive,
+        default=1,
+        help="tensor-parallel ranks to stand in for: each prints its own parity lines (tp=0..N-1), as the "
+        "server's ranks do",
+    )
+    parser.add_argument(
         "--threshold",
         type=float,
         default=None,
@@ -142,6 +150,7 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
         tree=args.tree,
         seed=args.seed,
         threshold=args.threshold,
+        tp_size=args.tp_size,
     )
 
 
@@ -154,8 +163,15 @@ class ReplayService:
         self.use_kernel = use_kernel
         self.shapes_once = OncePer()
         self.outcome = ReplayOutcome()
+        self.identities = [ParityIdentity.from_env(tp=rank) for rank in range(settings.tp_size)]
 
     def step(self, index: int) -> None:
+        for identity in self.identities:
+            self._rank_step(index, identity)
+        self.outcome.steps_done += 1
+
+    def _rank_step(self, index: int, identity: ParityIdentity) -> None:
+        """One rank's share of a verify step: its own heads (its own random batch), its own lines."""
         s = self.settings
         batch = make_verify_batch(
             bs=s.bs,
@@ -166,7 +182,7 @@ class ReplayService:
             tree=s.tree,
             dtype=DTYPES[s.dtype],
             device=self.device,
-            seed=s.seed * 1_000_003 + index,
+            seed=s.seed * 1_000_003 + index + 104_729 * identity.tp,
         )
         meta = marshal_verify(
             batch.kv_indptr, batch.kv_indices, batch.out_cache_loc, batch.custom_mask, batch.mask_indptr, s.q_len
@@ -182,9 +198,8 @@ class ReplayService:
             )
             if check:
                 max_abs, mean, rel = parity_stats(out, dense_verify_attention(batch, layer))
-                emit(format_parity(layer, max_abs, mean, rel))
+                emit(format_parity(layer, max_abs, mean, rel, identity))
                 self._record(rel)
-        self.outcome.steps_done += 1
 
     def _record(self, rel: float) -> None:
         outcome = self.outcome

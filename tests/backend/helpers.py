@@ -12,7 +12,7 @@ from types import ModuleType
 REPO = Path(__file__).resolve().parents[2]
 BACKEND_PKG = REPO / "backend" / "kdtree_backend"
 MARKERS = {"drafts": "# kdtree:drafts-appended", "stride": "# kdtree:row-stride"}
-PARITY_RE = re.compile(r"^\[kdtree\] L(\d+) max_abs_diff=(\S+) mean=(\S+) rel=(\S+)$")
+PARITY_RE = re.compile(r"^\[kdtree\] L(\d+) max_abs_diff=(\S+) mean=(\S+) rel=(\S+) tp=(\d+)(?: token=\S+)?$")
 SHAPES_RE = re.compile(
     r"^\[kdtree\] shapes q=\((\d+), (\d+), (\d+)\) kv_buf=\((\d+), (\d+)\) bs=(\d+) q_len=(\d+) Dl=(\d+) "
     r"Dr=(\d+) kv_len_max=(\d+) scale=(\S+) mask=\((\d+),\)"

@@ -13,7 +13,7 @@ from kdtree_backend.verify import parity_stats
 
 from .emulation import extend_attention_emulated
 
-PARITY = re.compile(r"^\[kdtree\] L(\d+) max_abs_diff=\S+ mean=\S+ rel=(\S+) mode=(\w+) step=(\d+)$")
+PARITY = re.compile(r"^\[kdtree\] L(\d+) max_abs_diff=\S+ mean=\S+ rel=(\S+) tp=0 mode=(\w+) step=(\d+)$")
 SHAPES = re.compile(r"^\[kdtree\] shapes .* kv_len_max=(\d+) ")
 
 

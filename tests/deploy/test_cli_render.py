@@ -10,7 +10,7 @@ from opsctl import cli_deploy
 from opsctl.inventory import HostConfig
 
 SHAPES = "[kdtree] shapes q=(9, 8, 576) kv_buf=(195012, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=21 scale=0.14468 mask=(270,)"
-PARITY = "[2026-05-31 13:04:12 TP3] [kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00"
+PARITY = "[2026-05-31 13:04:12 TP3] [kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00 tp=3"
 
 
 def journal(msg: str) -> str:
@@ -50,7 +50,7 @@ def test_parity_table_with_verdicts(out: io.StringIO) -> None:
 def test_json_lines(capsys: pytest.CaptureFixture[str]) -> None:
     p = cli_deploy._LogPrinter(host(), as_json=True, stream=False)
     p.feed(journal(PARITY), cli_deploy._matcher(None))
-    p.feed(journal("nan line [kdtree] L1 max_abs_diff=nan mean=nan rel=nan"), cli_deploy._matcher("parity"))
+    p.feed(journal("[kdtree] L1 max_abs_diff=nan mean=nan rel=nan tp=0"), cli_deploy._matcher("parity"))
     docs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert docs[0]["kind"] == "parity" and docs[0]["rank"] == 3 and docs[0]["verdict"] == "FAIL"
     assert docs[1]["rel"] == "nan" and docs[1]["verdict"] == "FAIL"

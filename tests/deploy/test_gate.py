@@ -1,14 +1,16 @@
 import math
 
+import pytest
+
 from opsctl.gate import GateState, LineVerdict, UnitObservation, Verdict, classify
 from opsctl.inventory import GateSettings
-from opsctl.parity import ParityLine
+from opsctl.parity import ParityLine, parse_line
 
 S = GateSettings(pass_rel=0.01, fail_rel=0.05, consecutive_passes=3, deadline_s=60, max_restarts=1, ssh_retries=2)
 
 
-def line(rel: float, rank: int | None = None, layer: int = 1) -> ParityLine:
-    return ParityLine(layer=layer, max_abs_diff=rel, mean=rel / 10, rel=rel, rank=rank)
+def line(rel: float, rank: int | None = 0, layer: int = 1, token: str | None = None) -> ParityLine:
+    return ParityLine(layer=layer, max_abs_diff=rel, mean=rel / 10, rel=rel, rank=rank, token=token)
 
 
 def gate(**kw: object) -> GateState:
@@ -101,3 +103,70 @@ def test_ssh_errors_retry_then_error() -> None:
     for t in range(3):
         g.ssh_failed("unreachable", 4 + t)
     assert g.verdict is Verdict.ERROR and "unreachable" in g.reason
+
+
+def parsed(text: str) -> ParityLine:
+    rec = parse_line(text)
+    assert isinstance(rec, ParityLine)
+    return rec
+
+
+TOKEN = "a1b2c3d4e5f60718"
+
+
+def test_lines_without_the_invocations_token_are_ignored_never_counted() -> None:
+    g = gate(expected_ranks=1, token=TOKEN)
+    forged = parsed("[kdtree] L56 max_abs_diff=0 mean=0 rel=0 tp=0")
+    wrong = parsed("[kdtree] L56 max_abs_diff=0 mean=0 rel=0 tp=0 token=0000000000000000")
+    for t in range(10):
+        assert g.feed(forged, t) is LineVerdict.IGNORED
+        assert g.feed(wrong, t) is LineVerdict.IGNORED
+    assert g.verdict is Verdict.PENDING and g.lines == 0
+    assert "no token" in (g.ignored_reason(forged) or "") and "wrong token" in (g.ignored_reason(wrong) or "")
+    # A failing line with a foreign token cannot fail the deploy either (no denial of service by forgery).
+    assert g.feed(parsed("[kdtree] L1 max_abs_diff=9 mean=9 rel=9 tp=0 token=0000000000000000"), 11) is LineVerdict.IGNORED
+    g.tick(60)
+    assert g.verdict is Verdict.NODATA and "ignored" in g.reason
+    assert g.summary()["ignored"] == 21
+
+
+def test_the_right_token_counts() -> None:
+    g = gate(expected_ranks=1, token=TOKEN)
+    for t in range(3):
+        g.feed(parsed(f"[kdtree] L1 max_abs_diff=1e-4 mean=1e-5 rel=1e-3 tp=0 token={TOKEN}"), t)
+    assert g.verdict is Verdict.PASS
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[kdtree] L1 max_abs_diff=1e-4 mean=1e-5 rel=0.9 rel=0.001 tp=0",
+        "[kdtree] L1 max_abs_diff=1e-4 mean=1e-5 rel=-0.001 tp=0",
+        "[kdtree] L1 max_abs_diff=-1 mean=1e-5 rel=0.001 tp=0",
+        "[kdtree] L1 max_abs_diff=1e-4 rel=0.001 tp=0",
+        "[kdtree] L1 max_abs_diff=1e-4 mean=1e-5 rel=0.001",
+        "[kdtree] L1 max_abs_diff=1e-4 mean=1e-5 rel=0.001 tp=x",
+        "[kdtree] L1 max_abs_diff=1e-4 mean=1e-5 rel=0.001 tp=7",  # rank 7 of a 2-rank unit
+    ],
+)
+def test_a_malformed_line_is_a_fail_never_a_pass(text: str) -> None:
+    g = gate(expected_ranks=2)
+    assert g.feed(parsed(text), 1) is LineVerdict.FAIL
+    assert g.verdict is Verdict.FAIL and "malformed" in g.reason
+
+
+def test_a_silent_rank_is_nodata_at_the_deadline() -> None:
+    g = gate(expected_ranks=4)
+    for t in range(6):
+        for rank in (0, 1, 3):
+            g.feed(line(0.001, rank=rank), t)
+    assert g.verdict is Verdict.PENDING
+    g.tick(60)
+    assert g.verdict is Verdict.NODATA and "TP rank(s) 2 of 4" in g.reason
+
+
+def test_conclude_decides_at_the_end_of_the_evidence() -> None:
+    g = gate(expected_ranks=1)
+    g.feed(line(0.02), 1)
+    g.conclude(2)
+    assert g.verdict is Verdict.INCONCLUSIVE

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from opsctl.parity import OtherKdtreeLine, ParityLine, ShapesLine, parse_line, parse_lines
+from opsctl.parity import OtherKdtreeLine, ParityLine, ShapesLine, misplaced_marker, parse_line, parse_lines
 
 SHAPES = "[kdtree] shapes q=(9, 8, 576) kv_buf=(195012, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=30 scale=0.14468 mask=(270,)"
 PARITY = "[kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00"
@@ -46,6 +46,7 @@ def test_prefixes(prefix: str, rank: int | None) -> None:
     p = parse_line(prefix + PARITY)
     s = parse_line(prefix + SHAPES)
     assert isinstance(p, ParityLine) and p.rank == rank and p.layer == 56
+    assert "missing tp" in p.problems  # the design example predates tp=: such a line can never pass
     assert isinstance(s, ShapesLine) and s.rank == rank and s.tuple_of("q") == (9, 8, 576)
 
 
@@ -77,3 +78,75 @@ def test_other_lines() -> None:
     assert parse_line("INFO something else") is None
     assert isinstance(parse_line("[kdtree] backend ready"), OtherKdtreeLine)
     assert len(parse_lines([SHAPES, "noise", PARITY])) == 2
+
+
+GOOD = "[kdtree] L3 max_abs_diff=1.0e-03 mean=1.0e-04 rel=2.0e-03 tp=0 token=feedc0de12345678"
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "",
+        JOURNAL,
+        SGLANG.replace("TP3", "TP0"),
+        "2026-05-31T13:04:12+0000 ct200 python[22251]: ",
+        "2026-05-31T13:04:12.123456+00:00 ct200 sglang-k26-ddtree[7]: ",
+        "May 31 13:04:12.123456 ct200 python3.11[1]: ",
+    ],
+)
+def test_a_well_formed_line_has_no_problems(prefix: str) -> None:
+    rec = parse_line(prefix + GOOD)
+    assert isinstance(rec, ParityLine), prefix
+    assert rec.problems == () and rec.rank == 0 and rec.token == "feedc0de12345678" and rec.rel == 2e-3
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # A served request whose text the server logs: the marker is not at the start of the message.
+        "May 31 13:04:12 host python[1]: INFO: request text: please print [kdtree] L56 max_abs_diff=0 mean=0 rel=0 tp=0",
+        "[2026-05-31 13:04:12 TP0] Receive: obj=GenerateReqInput(text='[kdtree] L56 max_abs_diff=0 mean=0 rel=0 tp=0')",
+        "x[kdtree] L1 max_abs_diff=0 mean=0 rel=0 tp=0",
+        " [kdtree] L1 max_abs_diff=0 mean=0 rel=0 tp=0",
+        "May 31 13:04:12 host python[1]: [kdtree]L1 max_abs_diff=0 mean=0 rel=0 tp=0",
+    ],
+)
+def test_the_marker_must_start_the_message(text: str) -> None:
+    assert parse_line(text) is None
+    assert misplaced_marker(text)
+
+
+def test_a_plain_line_is_not_a_misplaced_marker() -> None:
+    assert not misplaced_marker("INFO all good") and not misplaced_marker(GOOD)
+
+
+@pytest.mark.parametrize(
+    "line,problem",
+    [
+        (GOOD.replace("rel=2.0e-03", "rel=0.9 rel=0.001"), "duplicated rel"),
+        (GOOD.replace("tp=0", "tp=0 tp=1"), "duplicated tp"),
+        (GOOD + " step=1 step=2", "duplicated step"),
+        (GOOD.replace("rel=2.0e-03", "rel=-0.5"), "negative rel"),
+        (GOOD.replace("max_abs_diff=1.0e-03", "max_abs_diff=-1"), "negative max_abs_diff"),
+        (GOOD.replace("mean=1.0e-04", "mean=-0.0001"), "negative mean"),
+        (GOOD.replace("mean=1.0e-04 ", ""), "missing mean"),
+        (GOOD.replace("rel=2.0e-03", "rel=0x1"), "garbled rel=0x1"),
+        (GOOD.replace("rel=2.0e-03", "rel=nan"), "rel=nan is not finite"),
+        (GOOD.replace("rel=2.0e-03", "rel=inf"), "rel=inf is not finite"),
+        (GOOD.replace("rel=2.0e-03", "rel=1e-3,"), "garbled rel=1e-3,"),
+        (GOOD.replace("tp=0 ", ""), "missing tp"),
+        (GOOD.replace("tp=0", "tp=-1"), "garbled tp=-1"),
+        (GOOD.replace("tp=0", "tp=zero"), "garbled tp=zero"),
+        (GOOD + " please ignore", "unexpected text 'please ignore'"),
+        ("[2026-05-31 13:04:12 TP5] " + GOOD, "tp=0 but the logger prefix says TP5"),
+    ],
+)
+def test_a_malformed_line_names_its_problem(line: str, problem: str) -> None:
+    rec = parse_line(line)
+    assert isinstance(rec, ParityLine)
+    assert any(p.startswith(problem) for p in rec.problems), rec.problems
+
+
+def test_a_duplicated_rel_is_never_read_as_the_passing_value() -> None:
+    rec = parse_line(GOOD.replace("rel=2.0e-03", "rel=0.9 rel=0.001"))
+    assert isinstance(rec, ParityLine) and math.isnan(rec.rel)

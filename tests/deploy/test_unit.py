@@ -45,8 +45,10 @@ def test_prefill_only_attention() -> None:
 
 def test_replay_unit() -> None:
     text = render(TEMPLATE, replay_host())
-    assert "-m kdtree_backend.replay --steps 0 --interval 0.5" in text
-    assert "DeviceAllow" not in text and "EnvironmentFile=-" not in text
+    assert "-m kdtree_backend.replay --steps 0 --interval 0.5 --tp-size 8" in text
+    # Each restart's parity token reaches the unit through a root-only EnvironmentFile.
+    assert "EnvironmentFile=-/srv/kdtree-engine/state/parity.env" in text
+    assert "DeviceAllow" not in text and "EnvironmentFile=-/etc" not in text
 
 
 def test_render_is_deterministic_and_host_specific() -> None:

@@ -109,11 +109,12 @@ def test_host_powered_off_during_its_upload_then_converges(hosts: list[HostConfi
 
 
 def _third_line_before_decision(host: HostConfig, release: str) -> None:
-    """The gate needs K distinct lines: the K-th line of the new invocation was logged before the PASS record.
-    (A line counted twice after a reconnect would let the gate pass one line early.)"""
+    """The gate needs K distinct lines from each of the unit's TP ranks: the (K x ranks)-th line of the new
+    invocation (the replay prints its ranks one after another) was logged before the PASS record. (A line
+    counted twice after a reconnect would let the gate pass one line early.)"""
     end = read_end(host)
     rec = [r for r in end.history if r.get("event") == "deploy" and r.get("release") == release][-1]
-    k = host.gate.consecutive_passes
+    k = host.gate.consecutive_passes * host.service.tp
     assert rec["gate"]["pass"] == k and rec["gate"]["lines"] == k, rec["gate"]
     with connect(host) as r:
         out = r.run(
