@@ -12,7 +12,8 @@ from .verify import kernel_usable
 LATENT_DIM = 512
 QK_DIM = 576
 DEFAULT_MAX_Q_LEN = 128
-KV_DTYPES = (torch.bfloat16,)  # what the kernel reads
+# What the kernel reads: bf16, and SGLang's --kv-cache-dtype fp8_e4m3 pool (float8_e4m3fn, per-layer scale).
+KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
 
 
 def _kernel_max_q_len() -> int:
@@ -66,8 +67,6 @@ def layer_fallback_reason(layer: Any) -> str | None:
     window = getattr(layer, "sliding_window_size", None)
     if window is not None and window > -1:
         return "sliding_window"
-    if getattr(layer, "k_scale", None) is not None:
-        return "fp8_kv_cache"
     if getattr(layer, "is_cross_attention", False):
         return "cross_attention"
     if (getattr(layer, "xai_temperature_len", -1) or -1) > 0:

@@ -65,9 +65,14 @@ def attend(
     max_prefix_len: int | None = None,
     workspace: torch.Tensor | None = None,
     v_head_dim: int = 512,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    validate: bool | None = None,
 ) -> torch.Tensor:
     """Verify attention over the marshaled keys: the kernel when ``use_kernel`` (CUDA, graph-capturable with
-    ``out``/``workspace``/``max_prefix_len`` given), else the pure-torch reference (host syncs; CPU path)."""
+    ``out``/``workspace``/``max_prefix_len`` given), else the pure-torch reference (host syncs; CPU path).
+    ``kv_buffer`` may be SGLang's fp8 pool, with the descales SGLang passes its Triton kernel (``k_scale``,
+    ``v_scale``). ``validate``: see ``kdtree_kernel.verify_attention`` (False: the caller checked the step)."""
     if use_kernel:
         return kdtree_kernel.verify_attention(
             q,
@@ -82,9 +87,21 @@ def attend(
             v_head_dim=v_head_dim,
             out=out,
             workspace=workspace,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            validate=validate,
         )
     result = kdtree_kernel.verify_attention_reference(
-        q, kv_buffer, meta.key_indptr, meta.keys, qo_indptr, meta.draft_mask, sm_scale, v_head_dim=v_head_dim
+        q,
+        kv_buffer,
+        meta.key_indptr,
+        meta.keys,
+        qo_indptr,
+        meta.draft_mask,
+        sm_scale,
+        v_head_dim=v_head_dim,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
     assert isinstance(result, torch.Tensor)
     if out is not None:

@@ -1,5 +1,7 @@
 """Benchmark: the kdtree verify kernel vs SGLang 0.5.23's Triton extend_attention_fwd (and verify_shared_kv_fwd
-on chain masks) on identical SGLang-shaped inputs, with the two roofline ceilings measured in the same run.
+on chain masks) on identical SGLang-shaped inputs, with the two roofline ceilings measured in the same run; then
+the fp8 KV pool (SGLang --kv-cache-dtype fp8_e4m3) against the bf16 pool on the same shapes and against SGLang's
+own fp8 Triton path (``fp8_cases``), and the sm_120 projection of every case (project_sm120.py).
 
     python kernel/bench/bench_verify.py --sglang-site /tmp/site --out kernel/bench/results-h200.json
 
@@ -48,6 +50,20 @@ TREE_CASES = [
     (1, 8192, 64, 8),
     (32, 4096, 64, 8),
 ]
+# FP8 vs bf16 on the same shapes: bs = 1 with q_len 9 (the K2.6 verify case, up to 128k), memory-bound cases
+# (<= 32 rows per request, >= 128k KV tokens), and two of the grid's large cases.
+FP8_CASES = [
+    (1, 4096, 9, 8),
+    (1, 32768, 9, 8),
+    (1, 131072, 9, 8),
+    (1, 131072, 2, 8),
+    (1, 131072, 4, 8),
+    (64, 8192, 2, 8),
+    (16, 16384, 4, 8),
+    (64, 8192, 9, 8),
+    (32, 4096, 32, 8),
+]
+FP8_SCALE = 1 / 32  # values up to ~200 of e4m3's 448 (testing.make_case)
 CHAIN_CASES = [
     (1, 1024, 9, 8),
     (1, 8192, 9, 8),
@@ -96,9 +112,10 @@ def measure_ceilings() -> Ceilings:
 
 
 def case_bytes(c: VerifyCase) -> int:
-    """Fewest bytes a verify must move: every key row once, q once, the output once."""
+    """Fewest bytes a verify must move: every key row once (1 byte a dim for an fp8 pool), q once, the output
+    once."""
     t = c.bs * c.q_len
-    return c.kv_tokens * HEAD_DIM * 2 + t * c.heads * (HEAD_DIM + VALUE_DIM) * 2
+    return c.kv_tokens * HEAD_DIM * c.kv_buffer.element_size() + t * c.heads * (HEAD_DIM + VALUE_DIM) * 2
 
 
 def case_flops(c: VerifyCase) -> float:
@@ -142,18 +159,41 @@ def eager_time_us(calls: list[Callable[[], object]]) -> float:
 class CaseRunner:
     """One benchmark case: input sets, our op and SGLang's kernels bound to preallocated outputs."""
 
-    def __init__(self, bs: int, prefix: int, q_len: int, heads: int, kind: str, seed: int) -> None:
-        one = (bs * (prefix + q_len) + 64) * HEAD_DIM * 2
+    def __init__(
+        self,
+        bs: int,
+        prefix: int,
+        q_len: int,
+        heads: int,
+        kind: str,
+        seed: int,
+        kv_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        fp8 = kv_dtype == torch.float8_e4m3fn
+        one = (bs * (prefix + q_len) + 64) * HEAD_DIM * (1 if fp8 else 2)
         n_sets = max(1, min(32, math.ceil(ROTATION_BYTES / one)))
-        self.cases = [make_case(bs, prefix, q_len, heads, kind=kind, seed=seed + i) for i in range(n_sets)]  # type: ignore[arg-type]
+        scale = FP8_SCALE if fp8 else 1.0
+        self.cases = [
+            make_case(bs, prefix, q_len, heads, kind=kind, seed=seed + i, kv_dtype=kv_dtype, kv_scale=scale)  # type: ignore[arg-type]
+            for i in range(n_sets)
+        ]
         c = self.cases[0]
         t = bs * q_len
         self.out = torch.empty(t, heads, VALUE_DIM, dtype=torch.bfloat16, device="cuda")
         self.tri_out = torch.empty_like(self.out)
         self.skv_out = torch.empty_like(self.out)
-        self.ws = torch.empty(max(1, workspace_size(bs, q_len, heads, prefix)), dtype=torch.uint8, device="cuda")
-        self.ext = [(x, x.kv_buffer[x.draft_loc].contiguous()) for x in self.cases]
+        ws_bytes = workspace_size(bs, q_len, heads, prefix, fp8=fp8)
+        self.ws = torch.empty(max(1, ws_bytes), dtype=torch.uint8, device="cuda")
+        # The drafts' K as SGLang hands them to Triton: bf16 (for an fp8 pool, its dequantized rows).
+        self.ext = [(x, self.draft_k(x)) for x in self.cases]
         self.c = c
+
+    @staticmethod
+    def draft_k(x: VerifyCase) -> torch.Tensor:
+        rows = x.kv_buffer[x.draft_loc]
+        if x.fp8:
+            return (rows.float() * x.kv_scale).to(torch.bfloat16).contiguous()
+        return rows.contiguous()
 
     def ours(self, x: VerifyCase) -> Callable[[], object]:
         return lambda: x.run_kernel(SM_SCALE, out=self.out, workspace=self.ws)
@@ -174,8 +214,8 @@ class CaseRunner:
             True,
             x.mask_indptr,
             x.q_len,
-            1.0,
-            1.0,
+            x.kv_scale,  # k_scale, v_scale: SGLang's descales of an fp8 pool (1 for bf16)
+            x.kv_scale,
             sm_scale=SM_SCALE,
             skip_prefix_custom_mask=True,
         )
@@ -267,11 +307,76 @@ def run_case(
     return {"rec": rec, "extra": extra}
 
 
+def run_fp8_case(extend, ceil: Ceilings, bs: int, prefix: int, q_len: int, heads: int, seed: int) -> dict:
+    """The fp8 pool vs the bf16 pool (same shapes, timed alike) and vs SGLang's own fp8 Triton path."""
+    r16 = CaseRunner(bs, prefix, q_len, heads, "tree", seed)
+    bf16_us = timed([r16.ours(x) for x in r16.cases])
+    floor16 = max(case_bytes(r16.c) / ceil.copy_gbps / 1e3, case_flops(r16.c) / ceil.mma_tflops / 1e6)
+    del r16
+    torch.cuda.empty_cache()
+    r = CaseRunner(bs, prefix, q_len, heads, "tree", seed, kv_dtype=torch.float8_e4m3fn)
+    c = r.c
+    r.ours(c)()
+    r.triton_extend(extend, c, r.ext[0][1])()
+    torch.cuda.synchronize()
+    ref = c.reference(SM_SCALE)
+    err = rel_error(r.out, ref)
+    tri_err = rel_error(r.tri_out, ref)
+    ours_vs_triton = rel_error(r.out, r.tri_out)
+    del ref
+    kernel_us = timed([r.ours(x) for x in r.cases])
+    triton_us = timed([r.triton_extend(extend, x, k) for x, k in r.ext])
+    floor_us = max(case_bytes(c) / ceil.copy_gbps / 1e3, case_flops(c) / ceil.mma_tflops / 1e6)
+    return {
+        "mask": "tree",
+        "bs": bs,
+        "prefix": prefix,
+        "q_len": q_len,
+        "H": heads,
+        "kernel_us": round(kernel_us, 2),
+        "bf16_us": round(bf16_us, 2),
+        "fp8_speedup": round(bf16_us / kernel_us, 2),
+        "triton_us": round(triton_us, 1),
+        "speedup": round(triton_us / kernel_us, 1),
+        "roofline_frac": round(floor_us / kernel_us, 3),
+        "bf16_roofline_frac": round(floor16 / bf16_us, 3),
+        "rel_err": float(f"{err:.3e}"),
+        "triton_rel_err": float(f"{tri_err:.3e}"),
+        "rel_vs_triton": float(f"{ours_vs_triton:.3e}"),
+        "kv_tokens": c.kv_tokens,
+        "GBps": round(case_bytes(c) / kernel_us / 1e3),
+    }
+
+
 def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def fp8_markdown(cases: list[dict]) -> list[str]:
+    lines = [
+        "## FP8 KV pool (SGLang --kv-cache-dtype fp8_e4m3) vs bf16, same shapes",
+        "",
+        "fp8 us: the kernel on a float8_e4m3fn pool (scale 1/32); bf16 us: the same shapes on a bf16 pool; "
+        "Triton fp8: SGLang's extend_attention_fwd on the same fp8 pool (it rounds Q and P to e4m3 for the prefix). "
+        "rel err: against the fp32 reference on the dequantized pool. Roofline: fp8 bytes (576 per key).",
+        "",
+        "| bs | prefix | q_len | H | KV tokens | fp8 us | bf16 us | fp8 speedup | fp8 roofline | bf16 roofline "
+        "| GB/s | Triton fp8 us | vs Triton fp8 | rel err | Triton fp8 rel err | ours vs Triton fp8 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cases:
+        lines.append(
+            f"| {c['bs']} | {c['prefix']} | {c['q_len']} | {c['H']} | {c['kv_tokens']} | {c['kernel_us']:.1f} | "
+            f"{c['bf16_us']:.1f} | {c['fp8_speedup']:.2f}x | {c['roofline_frac']:.0%} | "
+            f"{c['bf16_roofline_frac']:.0%} | {c['GBps']} | {c['triton_us']:.0f} | {c['speedup']:.1f}x | "
+            f"{c['rel_err']:.1e} | {c['triton_rel_err']:.1e} | {c['rel_vs_triton']:.1e} |"
+        )
+    return lines
+
+
 def write_markdown(path: Path, result: dict, extras: list[dict], cublas: float) -> None:
+    from project_sm120 import HEADER, markdown, project_all
+
     cases = result["cases"]
     tree = [c["speedup"] for c in cases]
     lines = [
@@ -294,6 +399,9 @@ def write_markdown(path: Path, result: dict, extras: list[dict], cublas: float) 
             f"{c['triton_us']:.0f} | {c['speedup']:.1f}x | {skv} | {vs} | {e['GBps']} | {e['TFLOPs']} | "
             f"{e['floor_us']:.1f} | {c['roofline_frac']:.0%} | {c['rel_err']:.1e} |"
         )
+    if result.get("fp8_cases"):
+        lines += ["", *fp8_markdown(result["fp8_cases"])]
+    lines += ["", *HEADER, *markdown(project_all(result))]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -302,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sglang-site", default="/tmp/site", help="dir with the sglang wheel unpacked")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results-h200.json"))
     parser.add_argument("--quick", action="store_true", help="first three tree cases only")
+    parser.add_argument("--fp8", choices=("with", "only", "none"), default="with", help="the fp8 section")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from sglang_triton import load_sglang_attention
@@ -315,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = [("tree", *c) for c in TREE_CASES] + [("chain", *c) for c in CHAIN_CASES]
     if args.quick:
         plan = plan[:3]
+    if args.fp8 == "only":
+        plan = []
     cases, extras = [], []
     for i, (kind, bs, prefix, q_len, heads) in enumerate(plan):
         got = run_case(extend, verify, ceil, bs, prefix, q_len, heads, kind, seed=1000 * i)
@@ -322,11 +433,18 @@ def main(argv: list[str] | None = None) -> int:
         extras.append(got["extra"])
         log(json.dumps({**got["rec"], **got["extra"]}))
         torch.cuda.empty_cache()
+    fp8_cases = []
+    for i, (bs, prefix, q_len, heads) in enumerate(FP8_CASES if args.fp8 != "none" else []):
+        got = run_fp8_case(extend, ceil, bs, prefix, q_len, heads, seed=500_000 + 1000 * i)
+        fp8_cases.append(got)
+        log(json.dumps({"fp8": True, **got}))
+        torch.cuda.empty_cache()
     result = {
         "device": torch.cuda.get_device_name(),
         "copy_GBps": round(ceil.copy_gbps),
         "mma_TFLOPs": round(ceil.mma_tflops, 1),
         "cases": cases,
+        "fp8_cases": fp8_cases,
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     write_markdown(args.out.with_suffix(".md"), result, extras, ceil.cublas_tflops)

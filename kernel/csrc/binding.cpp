@@ -26,12 +26,20 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
                              const at::Tensor& draft_mask, const at::Tensor& out,
                              const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& workspace,
                              double sm_scale, int64_t q_len, int64_t row_groups, int64_t row_blocks,
-                             int64_t splits, int64_t chunk_keys, bool split_schedulers) {
+                             int64_t splits, int64_t chunk_keys, bool split_schedulers, double k_scale,
+                             double v_scale) {
   check_cuda(q, "q");
   TORCH_CHECK(q.dim() == 3 && q.size(2) == kdtree::kHeadDim && q.stride(2) == 1 && q.scalar_type() == at::kBFloat16,
               "q must be bf16 [T, H, 576] with a contiguous last dim");
   check_cuda(kv_buffer, "kv_buffer");
-  TORCH_CHECK(kv_buffer.scalar_type() == at::kBFloat16, "kv_buffer must be bf16");
+  const bool fp8 = kv_buffer.scalar_type() == at::kFloat8_e4m3fn;
+  TORCH_CHECK(kv_buffer.scalar_type() == at::kBFloat16 || fp8, "kv_buffer must be bf16 or float8_e4m3fn, got ",
+              kv_buffer.scalar_type());
+  // 16-byte cp.async pieces: the pool's base and row stride must keep every row 16-byte aligned.
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(kv_buffer.data_ptr()) % 16 == 0 &&
+                  (kv_buffer.stride(0) * kv_buffer.element_size()) % 16 == 0,
+              "kv_buffer rows must be 16-byte aligned");
+  TORCH_CHECK(k_scale > 0.0 && v_scale > 0.0, "k_scale and v_scale must be positive");
   TORCH_CHECK((kv_buffer.dim() == 2 || (kv_buffer.dim() == 3 && kv_buffer.size(1) == 1)) &&
                   kv_buffer.size(-1) == kdtree::kHeadDim && kv_buffer.stride(-1) == 1,
               "kv_buffer must be [pool, 576] or [pool, 1, 576] with a contiguous last dim");
@@ -84,7 +92,9 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
   p.kv_row_stride = kv_buffer.stride(0);
   p.kv_indptr = kv_indptr.data_ptr<int32_t>();
   p.kv_indices = kv_indices.data_ptr();
+  p.kv_index_count = kv_indices.numel();
   p.indices_are_int64 = kv_indices.scalar_type() == at::kLong ? 1 : 0;
+  p.kv_fp8 = fp8 ? 1 : 0;
   p.qo_indptr = qo_indptr.data_ptr<int32_t>();
   p.draft_mask = reinterpret_cast<const uint64_t*>(draft_mask.data_ptr<int64_t>());
   p.mask_words = static_cast<int>(words);
@@ -100,7 +110,10 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
   p.splits = static_cast<int>(splits);
   p.chunk_keys = static_cast<int>(chunk_keys);
   p.split_schedulers = split_schedulers ? 1 : 0;
-  p.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
+  // Scores use the pool's keys times k_scale; the fp8 path's Q is prescaled by 2^-kFp8QShift (kernel header).
+  const double q_unscale = fp8 ? static_cast<double>(1 << kdtree::kFp8QShift) : 1.0;
+  p.scale_log2 = static_cast<float>(sm_scale * k_scale * q_unscale * 1.4426950408889634);
+  p.out_scale = static_cast<float>(v_scale);
 
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err = kdtree::launch_verify_attention(p, c10::cuda::getCurrentCUDAStream().stream());
@@ -119,8 +132,8 @@ double mma_rate_probe(at::Tensor& sink, int64_t blocks, int64_t warps, int64_t i
   return kdtree::mma_flops_per_launch(static_cast<int>(blocks), static_cast<int>(warps), static_cast<int>(iters));
 }
 
-int64_t blocks_per_sm(int64_t row_groups) {
-  return kdtree::verify_blocks_per_sm(static_cast<int>(row_groups));
+int64_t blocks_per_sm(int64_t row_groups, bool fp8) {
+  return kdtree::verify_blocks_per_sm(static_cast<int>(row_groups), fp8);
 }
 
 }  // namespace
@@ -129,7 +142,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "kdtree DDTree verify-attention CUDA kernels";
   m.def("verify_attention", &verify_attention_launch, "Enqueue the verify attention (no sync, no allocation)");
   m.def("mma_rate_probe", &mma_rate_probe, "mma.sync bf16 throughput probe (benchmark diagnostic)");
-  m.def("blocks_per_sm", &blocks_per_sm, "Resident blocks per SM for a row-group count");
+  m.def("blocks_per_sm", &blocks_per_sm, "Resident blocks per SM for a row-group count (bf16 or fp8 pool)",
+        pybind11::arg("row_groups"), pybind11::arg("fp8") = false);
   m.attr("max_q_len") = kdtree::kMaxQLen;
   m.attr("max_row_groups") = kdtree::kMaxRowGroups;
   m.attr("chunk_align") = kdtree::kChunkAlign;

@@ -1,8 +1,10 @@
-// Warp-level primitives used by the verify kernel: cp.async, ldmatrix, mma.sync m16n8k16 bf16.
-// Only instructions that exist on sm_80 and later (sm_90 and sm_120 included): no wgmma, TMA or tcgen05.
+// Warp-level primitives used by the verify kernel: cp.async, ldmatrix, mma.sync m16n8k16 bf16 / fp16, and the
+// e4m3 -> fp16 conversion of the fp8 KV path. Only instructions that exist on sm_89 and later (sm_90 and sm_120
+// included): no wgmma, TMA or tcgen05.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -60,6 +62,35 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same for fp16 operands (the fp8 KV path: e4m3 keys and values widen to fp16 exactly).
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The kernel's one mma, in the operand type of its KV path (kF16: the fp8 pool widened to fp16).
+template <bool kF16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kF16) {
+    mma_f16_16816(d, a, b0, b1);
+  } else {
+    mma_bf16_16816(d, a, b0, b1);
+  }
+}
+
+// Four e4m3 values (one 32-bit word, lowest byte first) -> four fp16 values (two f16x2 words, same order).
+// Exact: every e4m3 value, subnormals included, is an fp16 value. One cvt per pair (sm_89+).
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t x) {
+  uint32_t lo, hi;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(x));
+  return make_uint2(lo, hi);
+}
+
 // 2^x with the MUFU unit (flushes denormals; 2^-inf = 0), as flash-attention kernels use it.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -70,6 +101,26 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <bool kF16>
+__device__ __forceinline__ uint32_t pack_16x2(float lo, float hi) {
+  if constexpr (kF16) {
+    return pack_f16x2(lo, hi);
+  } else {
+    return pack_bf16x2(lo, hi);
+  }
+}
+
+// A bf16 pair (one 32-bit word) times `scale`, as an fp16 pair: the fp8 path's Q (see verify_attention_kernel.cuh).
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v, float scale) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  return pack_f16x2(f.x * scale, f.y * scale);
 }
 
 }  // namespace kdtree

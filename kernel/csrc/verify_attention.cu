@@ -9,9 +9,9 @@
 namespace kdtree {
 namespace {
 
-VerifyKernelFn kernel_for(int row_groups, bool int64_indices, bool split_schedulers) {
-  return int64_indices ? verify_kernel_i64(row_groups, split_schedulers)
-                       : verify_kernel_i32(row_groups, split_schedulers);
+VerifyKernelFn kernel_for(int row_groups, bool int64_indices, bool split_schedulers, bool fp8) {
+  return int64_indices ? verify_kernel_i64(row_groups, split_schedulers, fp8)
+                       : verify_kernel_i32(row_groups, split_schedulers, fp8);
 }
 
 int threads_for(int row_groups, bool split_schedulers) {
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kCombineCols * kGroups) verify_combine_kernel(
   const int col = threadIdx.x % kCombineCols;
   const int group = threadIdx.x / kCombineCols;
   const int rows = p.q_len * p.heads;
-  const int kv_len = p.kv_indptr[b + 1] - p.kv_indptr[b];
+  const int kv_len = request_keys(p, b);  // 0 (no live chunk: zeros, LSE -inf) for a malformed request
   const int chunk = chunk_for(p, kv_len);
   const int live_splits = min(p.splits, (kv_len + chunk - 1) / chunk);
   const int64_t slot0 = static_cast<int64_t>(b) * p.splits * rows + r;
@@ -110,23 +110,23 @@ __global__ void __launch_bounds__(kCombineCols * kGroups) verify_combine_kernel(
   if (p.lse != nullptr && col == 0) p.lse[out_row] = total > 0.f ? (base + __log2f(total)) * kLn2 : -INFINITY;
 }
 
-int verify_smem_bytes(int row_groups) {
+int verify_smem_bytes(int row_groups, bool fp8) {
   switch (row_groups) {
     case 1:
-      return TileConfig<1, kStages>::kSmemBytes;
+      return fp8 ? TileConfig<1, kStages, true>::kSmemBytes : TileConfig<1, kStages>::kSmemBytes;
     case 2:
-      return TileConfig<2, kStages>::kSmemBytes;
+      return fp8 ? TileConfig<2, kStages, true>::kSmemBytes : TileConfig<2, kStages>::kSmemBytes;
     case 3:
-      return TileConfig<3, kStages>::kSmemBytes;
+      return fp8 ? TileConfig<3, kStages, true>::kSmemBytes : TileConfig<3, kStages>::kSmemBytes;
     default:
       return 0;
   }
 }
 
-int verify_blocks_per_sm(int row_groups) {
-  VerifyKernelFn fn = kernel_for(row_groups, false, false);  // both layouts: one block per SM
+int verify_blocks_per_sm(int row_groups, bool fp8) {
+  VerifyKernelFn fn = kernel_for(row_groups, false, false, fp8);  // both layouts: one block per SM
   if (fn == nullptr) return 0;
-  const int smem = verify_smem_bytes(row_groups);
+  const int smem = verify_smem_bytes(row_groups, fp8);
   if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return 0;
   int blocks = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads_for(row_groups, false), smem) != cudaSuccess) {
@@ -141,9 +141,9 @@ cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream) 
     return cudaErrorInvalidValue;
   }
   const bool split = p.split_schedulers != 0;
-  VerifyKernelFn fn = kernel_for(p.row_groups, p.indices_are_int64 != 0, split);
+  VerifyKernelFn fn = kernel_for(p.row_groups, p.indices_are_int64 != 0, split, p.kv_fp8 != 0);
   if (fn == nullptr) return cudaErrorInvalidValue;
-  const int smem = verify_smem_bytes(p.row_groups);
+  const int smem = verify_smem_bytes(p.row_groups, p.kv_fp8 != 0);
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.row_blocks, p.splits, p.bs);

@@ -19,16 +19,20 @@ constexpr int kMaxRowGroups = 3;  // a block serves up to 3 x 16 (token, head) r
 // Shared-memory KV stages (16-key tiles): fits sm_120's 99 KB per block. sm_90 runs the same: 8 stages, and
 // 32-key tiles, both measured within 2% of this on the H200 (kernel/bench/results-h200.md).
 constexpr int kStages = 4;
+// The fp8 path rounds Q * 2^-kFp8QShift to fp16 (range; verify_attention_kernel.cuh); the softmax scale undoes it.
+constexpr int kFp8QShift = 8;
 
 struct VerifyParams {
   const void* q;              // bf16 [T, H, 576], last dim contiguous
   int64_t q_stride_token;     // elements between tokens
   int64_t q_stride_head;      // elements between heads
-  const void* kv;             // bf16 pool rows, last dim contiguous
-  int64_t kv_row_stride;      // elements between pool rows
+  const void* kv;             // bf16 or fp8 e4m3 pool rows, last dim contiguous
+  int64_t kv_row_stride;      // elements (= bytes for fp8) between pool rows
   const int32_t* kv_indptr;   // [bs + 1]
   const void* kv_indices;     // int32 or int64 [nnz]: per request prefix rows then its q_len draft rows
+  int64_t kv_index_count;     // nnz: a request whose keys would lie outside kv_indices reads none (request_keys)
   int indices_are_int64;
+  int kv_fp8;                 // 1: the pool is float8_e4m3fn (SGLang --kv-cache-dtype fp8_e4m3), keys = pool * k_scale
   const int32_t* qo_indptr;   // [bs + 1]
   const uint64_t* draft_mask; // [T, mask_words]
   int mask_words;
@@ -44,8 +48,20 @@ struct VerifyParams {
   int splits;                 // KV chunks per request (grid dimension, fixed at capture)
   int chunk_keys;             // keys per chunk, a multiple of kChunkAlign; 0: per request (see chunk_for)
   int split_schedulers;       // 1: the RG = 3 block's split warp layout (long chunks; kdtree_kernel.plan)
-  float scale_log2;           // sm_scale * log2(e)
+  float scale_log2;           // sm_scale * k_scale * log2(e) (the fp8 path also folds its Q prescale in)
+  float out_scale;            // v_scale: the pool's values are stored divided by it (1 for a plain bf16 pool)
 };
+
+// Keys of request b, or 0 when its kv_indptr entries are malformed: fewer keys than q_len (the drafts must be
+// among them), a negative start, or an end past kv_indices. The kernels read nothing of such a request and
+// write zeros (LSE -inf) for its rows, so a bad batch replayed in a CUDA graph cannot read another request's
+// keys or past the index list; outside capture the op refuses it before launching (kdtree_kernel.inputs).
+__host__ __device__ inline int request_keys(const VerifyParams& p, int b) {
+  const int begin = p.kv_indptr[b];
+  const int end = p.kv_indptr[b + 1];
+  if (begin < 0 || end < begin || static_cast<int64_t>(end) > p.kv_index_count || end - begin < p.q_len) return 0;
+  return end - begin;
+}
 
 // Keys per KV chunk of a request with kv_len keys. A fixed chunk (planned for the worst-case prefix) or, with
 // chunk_keys == 0, kv_len spread over all `splits` chunks, so that a short request under a CUDA graph
@@ -58,10 +74,10 @@ __host__ __device__ inline int chunk_for(const VerifyParams& p, int kv_len) {
 }
 
 // Shared memory (bytes, dynamic) one block of the main kernel uses; 0 if unsupported.
-int verify_smem_bytes(int row_groups);
+int verify_smem_bytes(int row_groups, bool fp8 = false);
 
 // Resident blocks per SM of the main kernel (occupancy API; host only, no stream work).
-int verify_blocks_per_sm(int row_groups);
+int verify_blocks_per_sm(int row_groups, bool fp8 = false);
 
 // Enqueues the main kernel (and the combine kernel when splits > 1) on `stream`. No allocation, no sync.
 cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream);

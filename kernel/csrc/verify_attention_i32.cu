@@ -1,22 +1,31 @@
-// Instantiates the verify kernel for int32 KV indices (one translation unit per index type, so the two
+// Instantiates the verify kernel (bf16 and fp8 pools) for int32 KV indices (one translation unit per index type, so the two
 // compile in parallel). Torch-free.
 #include "verify_attention_kernel.cuh"
 #include "verify_attention_tiles.h"
 
 namespace kdtree {
 
-VerifyKernelFn verify_kernel_i32(int row_groups, bool split_schedulers) {
+namespace {
+
+template <bool kFp8>
+VerifyKernelFn pick(int row_groups, bool split_schedulers) {
   switch (row_groups) {
     case 1:
-      return verify_attention_kernel<1, kStages, int32_t, false>;
+      return verify_attention_kernel<1, kStages, int32_t, false, kFp8>;
     case 2:
-      return verify_attention_kernel<2, kStages, int32_t, false>;
+      return verify_attention_kernel<2, kStages, int32_t, false, kFp8>;
     case 3:
-      return split_schedulers ? verify_attention_kernel<3, kStages, int32_t, true>
-                              : verify_attention_kernel<3, kStages, int32_t, false>;
+      return split_schedulers ? verify_attention_kernel<3, kStages, int32_t, true, kFp8>
+                              : verify_attention_kernel<3, kStages, int32_t, false, kFp8>;
     default:
       return nullptr;
   }
+}
+
+}  // namespace
+
+VerifyKernelFn verify_kernel_i32(int row_groups, bool split_schedulers, bool fp8) {
+  return fp8 ? pick<true>(row_groups, split_schedulers) : pick<false>(row_groups, split_schedulers);
 }
 
 }  // namespace kdtree

@@ -82,6 +82,22 @@ static_assert(kHeadDim % 64 == 0, "each score warp of a pair takes two of the fo
 static_assert(kGatherThreads <= kValueWarps * 32, "the value warps must cover a tile's gathers");
 constexpr float kLn2 = 0.6931471805599453f;
 
+// FP8 KV (SGLang --kv-cache-dtype fp8_e4m3: float8_e4m3fn rows, keys = row * k_scale, values = row[:512] *
+// v_scale). The value threads gather the raw rows (576 bytes, half the bf16 bytes) into a ring of kRawSlots
+// tiles, kRawAhead tiles ahead, and one step before the score warps need a tile they widen it to fp16 in its
+// shared-memory stage (exact: every e4m3 value is an fp16 value); from there the block runs as for bf16, with
+// fp16 mma. Q is rounded to fp16 after a 2^-kFp8QShift prescale that the softmax scale undoes: fp16's range then
+// covers |q| up to 1.6e7, and bf16 Q values are exact in fp16 down to |q| = 2^-6 (below that the absolute
+// error is under 2^-17). P is rounded to fp16 (more mantissa than bf16 for P in [0, 1]). So the fp8 path
+// computes the same function as the bf16 one does on the dequantized pool, to fp16 / fp32 rounding.
+// Stages: tile it - 1 (value warps), it (score warps), it + 1 (being widened): 3 fp16 stages, 3 raw slots.
+constexpr int kFp8Stages = 3;
+constexpr int kRawAhead = 2;                               // raw tiles in flight beyond the one being widened
+constexpr int kRawSlots = kRawAhead + 1;
+constexpr int kRawRowBytes = kHeadDim;                     // 576: one e4m3 key row
+constexpr int kRawPieces = kRawRowBytes / 16;              // 16-byte pieces of a raw row (36)
+constexpr int kValueBarrier = 1 + 3;                       // value threads only (ids 1..RG are the score pairs)
+
 // Key rows sit unpadded in shared memory, 128-byte aligned, with the eight 16-byte pieces of each 128-byte line
 // permuted by the row's index mod 8 (XOR). The 8 rows one ldmatrix reads at the same logical piece then hit 8
 // distinct bank groups, and every gather writes whole aligned 128-byte lines. (Padded rows, the previous layout,
@@ -118,18 +134,27 @@ __device__ __forceinline__ int value_slot(int warp) {
 static_assert(kQkSteps % kScoreHalves == 0, "the dims must split evenly across a row tile's score warps");
 static_assert(kBlockN == 16, "the P V step and the P layout assume one 16-key k-step per tile");
 
-template <int RG, int STAGES>
+template <int RG, int STAGES, bool kFp8 = false>
 struct TileConfig {
   static_assert(STAGES >= 3, "tiles it - 1 and it are in use while at least one more is in flight");
-  static constexpr int kAhead = STAGES - 2;             // tiles in flight while a step computes
-  static constexpr int kIndexSlots = 2 * STAGES - 4;    // ring of per-tile pool-row vectors
+  static constexpr int kKStages = kFp8 ? kFp8Stages : STAGES;  // 16-bit key tiles in shared memory
+  // Steps between a tile's gather and the step whose score warps read it, and the cp.async groups a value
+  // thread may leave in flight at a step's barrier (bf16: tile it has landed; fp8: raw tile it + 1 has).
+  static constexpr int kAhead = kFp8 ? kRawAhead + 1 : STAGES - 2;
+  static constexpr int kPending = kFp8 ? kRawAhead - 1 : STAGES - 3;
+  // Ring of per-tile pool-row vectors: the rows of tile it + kIndexSlots are fetched at step it, and must have
+  // landed (kPending groups later) before that tile's gather, kIndexSlots - kAhead steps on.
+  static constexpr int kIndexSlots = kFp8 ? 2 * kRawAhead + 2 : 2 * STAGES - 4;
+  static_assert(kIndexSlots - kAhead >= kPending + 1, "pool rows must land before their gather");
   static constexpr int kScoreWarps = RG * kScoreHalves;
   static constexpr int kWarps = kScoreWarps + kValueWarps;
   static constexpr int kThreads = kWarps * 32;  // the working threads, which meet at the block barriers
   static constexpr int kBlockM = RG * 16;
   static constexpr int kStageBytes = kBlockN * kRowBytes;
+  static constexpr int kRawBytes = kBlockN * kRawRowBytes;  // one raw fp8 tile (fp8 only)
+  static constexpr int kRawOffset = kKStages * kStageBytes;
   static constexpr int kPBufBytes = kBlockM * kPRowBytes;
-  static constexpr int kPOffset = STAGES * kStageBytes;
+  static constexpr int kPOffset = kRawOffset + (kFp8 ? kRawSlots * kRawBytes : 0);
   static constexpr int kAlphaOffset = kPOffset + 2 * kPBufBytes;     // float [2][kBlockM], rows g, g + 8 paired
   static constexpr int kStatsOffset = kAlphaOffset + 2 * kBlockM * 4;  // float [kBlockM]: 1 / row sum
   static constexpr int kPairSumOffset = kStatsOffset + kBlockM * 4;  // float [kBlockM]: half 1's row sums
@@ -146,6 +171,8 @@ constexpr int launch_threads() {
 }
 
 static_assert(TileConfig<kMaxRowGroups, kStages>::kSmemBytes <= 99 * 1024, "the widest block must fit sm_120's 99 KB");
+static_assert(TileConfig<kMaxRowGroups, kStages, true>::kSmemBytes <= 99 * 1024, "the fp8 block too");
+static_assert(kValueBarrier > kMaxRowGroups && kValueBarrier < 16, "a barrier id of its own");
 
 // Gathers one tile's key rows (pool rows already staged in shared memory) with 16-byte cp.async. Issued by
 // the first kGatherThreads value threads (vtid = index among the value threads): 8 lanes per key row, each
@@ -180,6 +207,44 @@ __device__ __forceinline__ void fetch_tile_rows(uint32_t slot, const IdxT* indic
   }
 }
 
+// FP8: gathers one tile's raw e4m3 key rows (576 bytes, unswizzled, back to back) into a raw slot. Same
+// threads and lanes as gather_tile; a lane copies pieces lane, lane + 8, ... of its row (36 per row).
+template <typename IdxT>
+__device__ __forceinline__ void gather_raw_tile(uint32_t slot, const unsigned char* kv, int64_t row_stride,
+                                                const IdxT* rows, int tile_key0, int key_hi, int vtid) {
+  if (vtid >= kGatherThreads) return;
+  const int row = vtid / kGatherLanesPerRow;
+  const int lane = vtid % kGatherLanesPerRow;
+  const bool live = tile_key0 + row < key_hi;
+  const int64_t pool_row = live ? static_cast<int64_t>(rows[row]) : 0;
+  const unsigned char* src = kv + pool_row * row_stride + lane * 16;
+  const uint32_t dst = slot + row * kRawRowBytes + lane * 16;
+  const int bytes = live ? 16 : 0;
+#pragma unroll
+  for (int j = 0; j < (kRawPieces + kGatherLanesPerRow - 1) / kGatherLanesPerRow; ++j) {
+    if (lane + j * kGatherLanesPerRow < kRawPieces) cp_async_16(dst + j * 128, src + j * 128, bytes);
+  }
+}
+
+// FP8: widens a landed raw tile into a 16-bit key stage (swizzled rows, as gather_tile writes them), all value
+// threads: each takes 16 e4m3 dims of one key (a 16-byte shared load) and stores 32 bytes of fp16. Rows past
+// the chunk were zero-filled, so they widen to zeros (P V needs finite values there).
+__device__ __forceinline__ void widen_tile(const unsigned char* raw, unsigned char* stage, int vtid) {
+  for (int i = vtid; i < kBlockN * kRawPieces; i += kValueWarps * 32) {
+    const int row = i / kRawPieces;
+    const int piece = i % kRawPieces;  // dims 16 * piece .. + 15: fp16 pieces 2 * piece, 2 * piece + 1
+    const uint4 v = *reinterpret_cast<const uint4*>(raw + i * 16);
+    const uint2 a = e4m3x4_to_f16x4(v.x);
+    const uint2 b = e4m3x4_to_f16x4(v.y);
+    const uint2 c = e4m3x4_to_f16x4(v.z);
+    const uint2 d = e4m3x4_to_f16x4(v.w);
+    unsigned char* line = stage + row * kRowBytes + (piece / 4) * 128;
+    const int p0 = (2 * piece) % 8;
+    *reinterpret_cast<uint4*>(line + swizzled_piece(p0, row)) = make_uint4(a.x, a.y, b.x, b.y);
+    *reinterpret_cast<uint4*>(line + swizzled_piece(p0 + 1, row)) = make_uint4(c.x, c.y, d.x, d.y);
+  }
+}
+
 // The dims of a score pair: in every 128-byte line (4 k-steps of 16 dims) warp `half` takes k-steps 2 * half
 // and 2 * half + 1, so its k-step m is global k-step score_k_step(m, half). k_lane[e] is this lane's ldmatrix
 // offset, within a stage, of piece pair e of line 0 (line q adds q * 128): lanes 0-7 and 16-23 read the
@@ -200,6 +265,7 @@ struct ScoreState {
   float row_sum[2];  // running sums of this lane's columns among the warp's own 8 keys of each tile
 };
 
+template <bool kF16>
 __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t (&qf)[kHalfSteps][4],
                                           const uint32_t (&k_lane)[2], int half, float4* exchange,
                                           int pair_barrier, ScoreState& st, uint32_t stage, unsigned char* p_buf,
@@ -228,8 +294,8 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
       const int m = ks - kFragAhead;  // the k-step whose mma issues now
       if (m >= 0) {
         const int slot = m % (kFragAhead + 1);
-        mma_bf16_16816(s[m % kQkChains][0], qf[m], kb[slot][0], kb[slot][1]);
-        mma_bf16_16816(s[m % kQkChains][1], qf[m], kb[slot][2], kb[slot][3]);
+        mma_16816<kF16>(s[m % kQkChains][0], qf[m], kb[slot][0], kb[slot][1]);
+        mma_16816<kF16>(s[m % kQkChains][1], qf[m], kb[slot][2], kb[slot][3]);
       }
     }
   }
@@ -295,14 +361,14 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
     st.row_sum[i] = st.row_sum[i] * alpha + (e0 + e1);
     const int row = local_row0 + g + 8 * i;
     if (c == 0 && half == 0) alpha_buf[local_row0 + 2 * g + i] = alpha;  // rows g, g + 8 side by side
-    *reinterpret_cast<uint32_t*>(p_buf + row * kPRowBytes + (half * 8 + 2 * c) * 2) = pack_bf16x2(e0, e1);
+    *reinterpret_cast<uint32_t*>(p_buf + row * kPRowBytes + (half * 8 + 2 * c) * 2) = pack_16x2<kF16>(e0, e1);
   }
 }
 
-template <int RG, int STAGES, typename IdxT, bool kSplit>
+template <int RG, int STAGES, typename IdxT, bool kSplit, bool kFp8>
 __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
     verify_attention_kernel(const VerifyParams p) {
-  using Cfg = TileConfig<RG, STAGES>;
+  using Cfg = TileConfig<RG, STAGES, kFp8>;
   extern __shared__ __align__(128) unsigned char smem[];
 
   const int row_block = blockIdx.x;
@@ -315,7 +381,24 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
   const int c = lane % 4;  // fragment column pair
 
   const int kv_begin = p.kv_indptr[b];
-  const int kv_len = p.kv_indptr[b + 1] - kv_begin;
+  const int kv_len = request_keys(p, b);
+  if (kv_len == 0) {
+    // A malformed request (request_keys): no key is read. With one chunk this block writes zeros for its rows
+    // (LSE -inf); with several the combine kernel does (it finds no live chunk).
+    if (p.splits == 1 && split == 0) {
+      const int rows = p.q_len * p.heads;
+      const int64_t out_row0 = static_cast<int64_t>(p.qo_indptr[b]) * p.heads;
+      for (int i = tid; i < Cfg::kBlockM * (kValueDim / 8); i += blockDim.x) {
+        const int r = row_block * Cfg::kBlockM + i / (kValueDim / 8);
+        if (r >= rows) continue;
+        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (out_row0 + r) * kValueDim;
+        reinterpret_cast<uint4*>(out)[i % (kValueDim / 8)] = make_uint4(0u, 0u, 0u, 0u);
+      }
+      const int r = row_block * Cfg::kBlockM + tid;
+      if (p.lse != nullptr && tid < Cfg::kBlockM && r < rows) p.lse[out_row0 + r] = -INFINITY;
+    }
+    return;
+  }
   const int prefix = kv_len - p.q_len;
   const int chunk = chunk_for(p, kv_len);
   const int key_lo = split * chunk;
@@ -325,6 +408,8 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
 
   const IdxT* indices = static_cast<const IdxT*>(p.kv_indices) + kv_begin;
   const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv);
+  [[maybe_unused]] const unsigned char* kv_raw = static_cast<const unsigned char*>(p.kv);
+  [[maybe_unused]] const uint32_t raw_base = smem_addr(smem) + Cfg::kRawOffset;
   const uint32_t smem_base = smem_addr(smem);
   const IdxT* index_ring = reinterpret_cast<const IdxT*>(smem + Cfg::kIndexOffset);
   const uint32_t index_base = smem_base + Cfg::kIndexOffset;
@@ -357,10 +442,21 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
 #pragma unroll
     for (int t = 0; t < Cfg::kAhead; ++t) {
       if (t < n_tiles) {
-        gather_tile<IdxT>(smem_base + t * Cfg::kStageBytes, kv, p.kv_row_stride, index_ring + t * kSlotIdx,
-                          key_lo + t * kBlockN, key_hi, vtid);
+        if constexpr (kFp8) {
+          gather_raw_tile<IdxT>(raw_base + (t % kRawSlots) * Cfg::kRawBytes, kv_raw, p.kv_row_stride,
+                                index_ring + t * kSlotIdx, key_lo + t * kBlockN, key_hi, vtid);
+        } else {
+          gather_tile<IdxT>(smem_base + t * Cfg::kStageBytes, kv, p.kv_row_stride, index_ring + t * kSlotIdx,
+                            key_lo + t * kBlockN, key_hi, vtid);
+        }
       }
       cp_async_commit();
+    }
+    if constexpr (kFp8) {
+      // Tile 0 must be in its fp16 stage before the first step's score warps read it.
+      cp_async_wait<Cfg::kAhead - 1>();
+      named_barrier(kValueBarrier, kValueWarps * 32);
+      widen_tile(smem + Cfg::kRawOffset, smem, vtid);
     }
   }
 
@@ -400,6 +496,11 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
           const int d0 = score_k_step(ks, half) * 16 + 2 * c;
           qf[ks][i] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0)) : 0u;
           qf[ks][i + 2] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0 + 8)) : 0u;
+          if constexpr (kFp8) {
+            constexpr float kQScale = 1.f / (1 << kFp8QShift);  // undone by p.scale_log2 (binding)
+            qf[ks][i] = bf16x2_to_f16x2(qf[ks][i], kQScale);
+            qf[ks][i + 2] = bf16x2_to_f16x2(qf[ks][i + 2], kQScale);
+          }
         }
       }
     }
@@ -410,7 +511,8 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
     for (int it = 0; it <= n_tiles; ++it) {
       named_barrier(0, Cfg::kThreads);  // tile `it` has landed (the value threads waited for it), buffers are free
       if (it < n_tiles && warp_live) {
-        score_tile(p, qf, k_lane, half, exchange, 1 + pair, st, smem_base + (it % STAGES) * Cfg::kStageBytes,
+        score_tile<kFp8>(p, qf, k_lane, half, exchange, 1 + pair, st,
+                         smem_base + (it % Cfg::kKStages) * Cfg::kStageBytes,
                    smem + Cfg::kPOffset + (it % 2) * Cfg::kPBufBytes, alpha_smem + (it % 2) * Cfg::kBlockM,
                    local_row0, key_lo + it * kBlockN, key_hi, prefix, q_tok0, token, lane);
       }
@@ -467,10 +569,22 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
   for (int it = 0; it <= n_tiles; ++it) {
     // Group j holds tile j (j < kAhead: prologue; else committed by step j - kAhead): all but the newest
     // kAhead - 1 done means tile `it` has landed, for this thread; the barrier makes it so for every thread.
-    cp_async_wait<Cfg::kAhead - 1>();
+    cp_async_wait<Cfg::kPending>();
     named_barrier(0, Cfg::kThreads);
-    const int ahead = it + Cfg::kAhead;  // into the stage of tile it - 2, which the value warps finished
-    if (ahead < n_tiles) {
+    const int ahead = it + Cfg::kAhead;
+    if constexpr (kFp8) {
+      // Raw tile it + 1 has landed: widen it into the stage of tile it - 2 (finished by both roles). Then the
+      // raw gather of tile it + kAhead, into the slot of tile it (widened in the previous step).
+      if (it + 1 < n_tiles) {
+        widen_tile(smem + Cfg::kRawOffset + ((it + 1) % kRawSlots) * Cfg::kRawBytes,
+                   smem + ((it + 1) % Cfg::kKStages) * Cfg::kStageBytes, vtid);
+      }
+      if (ahead < n_tiles) {
+        gather_raw_tile<IdxT>(raw_base + (ahead % kRawSlots) * Cfg::kRawBytes, kv_raw, p.kv_row_stride,
+                              index_ring + (ahead % Cfg::kIndexSlots) * kSlotIdx, key_lo + ahead * kBlockN, key_hi,
+                              vtid);
+      }
+    } else if (ahead < n_tiles) {  // into the stage of tile it - 2, which the value warps finished
       gather_tile<IdxT>(smem_base + (ahead % STAGES) * Cfg::kStageBytes, kv, p.kv_row_stride,
                         index_ring + (ahead % Cfg::kIndexSlots) * kSlotIdx, key_lo + ahead * kBlockN, key_hi, vtid);
     }
@@ -483,7 +597,7 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
     const int t = it - 1;  // the tile the score warps finished in the previous step
     const float* alpha = alpha_smem + (t % 2) * Cfg::kBlockM;
     const uint32_t p_tile = smem_base + Cfg::kPOffset + (t % 2) * Cfg::kPBufBytes + p_lane;
-    const uint32_t v_tile = smem_base + (t % STAGES) * Cfg::kStageBytes + v_lane;
+    const uint32_t v_tile = smem_base + (t % Cfg::kKStages) * Cfg::kStageBytes + v_lane;
     // All fragments first (P for each row tile, V for the 8 column tiles), so their shared-memory latency
     // overlaps the rescale below instead of stalling each mma.
     constexpr int kVAhead = 2;  // V fragment pairs in registers at a time (all four would spill at RG = 3)
@@ -521,8 +635,8 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
 #pragma unroll
       for (int m = 0; m < RG; ++m) {
         if (!tile_live[m]) continue;
-        mma_bf16_16816(acc[m][2 * pair], pa[m], b[0], b[1]);
-        mma_bf16_16816(acc[m][2 * pair + 1], pa[m], b[2], b[3]);
+        mma_16816<kFp8>(acc[m][2 * pair], pa[m], b[0], b[1]);
+        mma_16816<kFp8>(acc[m][2 * pair + 1], pa[m], b[2], b[3]);
       }
       if (pair + kVAhead < kValueTiles / 2) {
         ldmatrix_x4_trans(v_tile + (v_piece ^ ((pair + kVAhead) * 32)), b[0], b[1], b[2], b[3]);
@@ -540,7 +654,7 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
       const int local = m * 16 + g + 8 * i;
       const int r = block_row0 + local;
       if (r >= rows) continue;
-      const float inv = inv_sum_smem[local];
+      const float inv = inv_sum_smem[local] * p.out_scale;
       if (p.splits == 1) {
         __nv_bfloat16* out =
             static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(out_row0 + r) * kValueDim + col0 + 2 * c;

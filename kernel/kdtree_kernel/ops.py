@@ -8,6 +8,7 @@ import os
 import torch
 
 from .extension import load_extension
+from .inputs import key_lengths
 from .mask import mask_words
 from .plan import (
     HEAD_DIM,
@@ -30,11 +31,15 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+# Pool dtypes the kernel reads: bf16, and SGLang's --kv-cache-dtype fp8_e4m3 pool (with its k/v scales).
+KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
+
+
 @functools.cache
-def _blocks_per_sm(row_groups: int) -> int:
+def _blocks_per_sm(row_groups: int, fp8: bool = False) -> int:
     try:
-        return max(1, int(load_extension().blocks_per_sm(row_groups)))
-    except RuntimeError:
+        return max(1, int(load_extension().blocks_per_sm(row_groups, fp8)))
+    except (RuntimeError, TypeError):  # TypeError: an older build without the fp8 argument
         return 1
 
 
@@ -46,18 +51,30 @@ def _device_index(device: torch.device | int | str | None) -> int:
 
 
 def launch_plan(
-    bs: int, q_len: int, heads: int, max_prefix_len: int, device: torch.device | int | str | None = None
+    bs: int,
+    q_len: int,
+    heads: int,
+    max_prefix_len: int,
+    device: torch.device | int | str | None = None,
+    *,
+    fp8: bool = False,
 ) -> LaunchPlan:
     """The grid verify_attention uses on ``device`` for these sizes (reads device properties, no sync)."""
     row_groups, _ = row_tiling(q_len, heads) if 1 <= q_len <= MAX_Q_LEN else (1, 1)
     index = _device_index(device)
     return plan_launch(
-        bs, q_len, heads, max_prefix_len, num_sms=_num_sms(index), blocks_per_sm=_blocks_per_sm(row_groups)
+        bs, q_len, heads, max_prefix_len, num_sms=_num_sms(index), blocks_per_sm=_blocks_per_sm(row_groups, fp8)
     )
 
 
 def workspace_size(
-    bs: int, q_len: int, heads: int, max_prefix_len: int, device: torch.device | int | str | None = None
+    bs: int,
+    q_len: int,
+    heads: int,
+    max_prefix_len: int,
+    device: torch.device | int | str | None = None,
+    *,
+    fp8: bool = False,
 ) -> int:
     """Bytes of workspace verify_attention needs for any batch of at most ``bs`` requests whose prefixes are
     at most ``max_prefix_len`` (0: none needed).
@@ -70,7 +87,7 @@ def workspace_size(
     row_groups, _ = row_tiling(q_len, heads)
     index = _device_index(device)
     return max_workspace_bytes(
-        bs, q_len, heads, max_prefix_len, num_sms=_num_sms(index), blocks_per_sm=_blocks_per_sm(row_groups)
+        bs, q_len, heads, max_prefix_len, num_sms=_num_sms(index), blocks_per_sm=_blocks_per_sm(row_groups, fp8)
     )
 
 
@@ -81,6 +98,8 @@ def _check_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, q_len: int, v_head_d
         raise ValueError(f"q must be [T, H, {HEAD_DIM}], got {tuple(q.shape)}")
     if kv_buffer.shape[-1] != HEAD_DIM:
         raise ValueError(f"kv_buffer rows must have {HEAD_DIM} dims, got {tuple(kv_buffer.shape)}")
+    if kv_buffer.dtype not in KV_DTYPES:
+        raise ValueError(f"kv_buffer must be bf16 or float8_e4m3fn, got {kv_buffer.dtype}")
     if not 1 <= q_len <= MAX_Q_LEN:
         raise ValueError(f"q_len must be in [1, {MAX_Q_LEN}], got {q_len}")
     if not q.is_cuda:
@@ -102,6 +121,9 @@ def verify_attention(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    validate: bool | None = None,
 ) -> torch.Tensor:
     """DDTree verify attention on the GPU; same contract as :func:`verify_attention_reference`.
 
@@ -110,6 +132,14 @@ def verify_attention(
     the call neither allocates nor synchronises, so it can be captured in a CUDA graph. ``lse``, when given,
     receives the natural-log LSE [T, H] (float32). Without ``max_prefix_len`` the bound is read from
     ``kv_indptr`` (a host sync; refused while capturing).
+
+    ``kv_buffer`` may be SGLang's fp8 pool (float8_e4m3fn): keys are its rows times ``k_scale``, values the
+    first 512 dims times ``v_scale`` (the descales SGLang passes its Triton kernel).
+
+    ``validate`` (default: whenever not capturing) reads ``kv_indptr`` back and raises
+    :class:`~kdtree_kernel.inputs.MalformedKeys` for a request with fewer keys than ``q_len`` or a range outside
+    ``kv_indices`` (one host sync; pass False where the caller has checked the batch once per step). Under
+    capture the kernel itself reads no key of such a request and writes zeros for its rows.
     """
     ext = load_extension()
     _check_inputs(q, kv_buffer, q_len, v_head_dim)
@@ -117,11 +147,15 @@ def verify_attention(
     heads = q.shape[1]
     if draft_mask.dim() != 2 or draft_mask.shape[1] != mask_words(q_len):
         raise ValueError(f"draft_mask must be [T, {mask_words(q_len)}] int64, got {tuple(draft_mask.shape)}")
-    if max_prefix_len is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("pass max_prefix_len when capturing verify_attention in a CUDA graph")
-        max_prefix_len = max(0, int((kv_indptr[1:] - kv_indptr[:-1]).max().item()) - q_len)
-    plan = launch_plan(bs, q_len, heads, max_prefix_len, q.device)
+    capturing = torch.cuda.is_current_stream_capturing()
+    if max_prefix_len is None and capturing:
+        raise RuntimeError("pass max_prefix_len when capturing verify_attention in a CUDA graph")
+    if max_prefix_len is None or (validate if validate is not None else not capturing):
+        lens = key_lengths(kv_indptr, q_len, kv_indices.numel())  # one host read serves both
+        if max_prefix_len is None:
+            max_prefix_len = max(lens, default=q_len) - q_len
+    fp8 = kv_buffer.dtype == torch.float8_e4m3fn
+    plan = launch_plan(bs, q_len, heads, max_prefix_len, q.device, fp8=fp8)
     if out is None:
         out = torch.empty(q.shape[0], heads, VALUE_DIM, dtype=q.dtype, device=q.device)
     need = plan.workspace_bytes
@@ -144,5 +178,7 @@ def verify_attention(
         plan.splits,
         0 if os.environ.get(ADAPTIVE_CHUNKS_ENV) == "1" else plan.chunk_keys,
         plan.split_schedulers,
+        float(k_scale),
+        float(v_scale),
     )
     return out

@@ -8,6 +8,7 @@ Inputs (all on one device):
   qo_indptr   [bs + 1] int32    request b's queries are q[qo_indptr[b]:qo_indptr[b+1]] (q_len each)
   draft_mask  [T, W] int64      bit j of row t: query t sees draft j of its own request (see mask.py)
   sm_scale    float
+  k_scale, v_scale  descales of an fp8 pool (float8_e4m3fn): keys = rows * k_scale, values = rows[:Dl] * v_scale
 Output [T, H, Dl] in q's dtype; optionally the natural-log LSE [T, H] float32 of the scaled scores.
 """
 
@@ -29,6 +30,8 @@ def verify_attention_reference(
     *,
     v_head_dim: int = 512,
     return_lse: bool = False,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     kv = kv_buffer.reshape(kv_buffer.shape[0], -1)
     t_total, heads, _ = q.shape
@@ -45,8 +48,9 @@ def verify_attention_reference(
         prefix = rows.numel() - q_len
         if prefix < 0:
             raise ValueError(f"request {b}: {rows.numel()} keys < q_len {q_len}; keys must include the drafts")
-        keys = kv[rows].float()  # [S, D]
-        values = keys[:, :v_head_dim]
+        stored = kv[rows].float()  # [S, D]: dequantized exactly (an fp8 pool widens to fp32 without rounding)
+        keys = stored * k_scale
+        values = stored[:, :v_head_dim] * v_scale
         scores = torch.einsum("thd,sd->ths", q[q0:q1].float(), keys) * sm_scale
         visible = torch.ones(q_len, rows.numel(), dtype=torch.bool, device=q.device)
         visible[:, prefix:] = unpack_draft_mask(draft_mask[q0:q1], q_len)

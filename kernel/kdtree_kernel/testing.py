@@ -47,7 +47,7 @@ class VerifyCase:
     heads: int
     prefix_lens: list[int]
     q: torch.Tensor  # [T, H, 576] bf16
-    kv_buffer: torch.Tensor  # [pool, 1, 576] bf16
+    kv_buffer: torch.Tensor  # [pool, 1, 576] bf16, or float8_e4m3fn (SGLang's fp8 pool: values / kv_scale)
     kv_indptr: torch.Tensor  # int32 [bs + 1], prefix + drafts per request
     kv_indices: torch.Tensor  # [nnz]: prefix rows then draft rows per request
     qo_indptr: torch.Tensor  # int32 [bs + 1]
@@ -59,6 +59,23 @@ class VerifyCase:
     draft_loc: torch.Tensor  # int64 [T] pool rows of the draft tokens
     custom_mask: torch.Tensor  # bool, per request row-major [q_len, prefix + q_len]
     mask_indptr: torch.Tensor  # int64 [bs + 1]
+    kv_scale: float = 1.0  # an fp8 pool's descale (SGLang's k_scale = v_scale for the one MLA row)
+
+    @property
+    def fp8(self) -> bool:
+        return self.kv_buffer.dtype == torch.float8_e4m3fn
+
+    def _scales(self, kwargs: dict[str, object]) -> dict[str, object]:
+        """``kwargs`` with an fp8 pool's descales added (explicit ones win); a bf16 case passes them as they are."""
+        if not self.fp8:
+            return kwargs
+        return {"k_scale": self.kv_scale, "v_scale": self.kv_scale, **kwargs}
+
+    def kv_dequantized(self) -> torch.Tensor:
+        """The pool as bf16 values (an fp8 pool times its scale; e4m3 times a power of two is exact in bf16)."""
+        if not self.fp8:
+            return self.kv_buffer
+        return (self.kv_buffer.float() * self.kv_scale).to(torch.bfloat16)
 
     @property
     def max_prefix(self) -> int:
@@ -89,7 +106,7 @@ class VerifyCase:
             sm_scale,
             q_len=self.q_len,
             max_prefix_len=self.max_prefix if max_prefix_len is None else max_prefix_len,
-            **kwargs,  # type: ignore[arg-type]
+            **self._scales(kwargs),  # type: ignore[arg-type]
         )
 
     def reference(self, sm_scale: float, **kwargs: object) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +119,7 @@ class VerifyCase:
             self.qo_indptr,
             self.draft_mask,
             sm_scale,
-            **kwargs,  # type: ignore[arg-type]
+            **self._scales(kwargs),  # type: ignore[arg-type]
         )
 
 
@@ -118,9 +135,13 @@ def make_case(
     device: str | torch.device = "cuda",
     seed: int = 0,
     spare_rows: int = 64,
+    kv_dtype: torch.dtype = torch.bfloat16,
+    kv_scale: float = 1.0,
 ) -> VerifyCase:
     """A batch of ``bs`` requests with ``prefix`` committed keys each (ragged: uniform in [0, prefix], the
-    first request at ``prefix``) and a ``q_len``-node draft of the given shape."""
+    first request at ``prefix``) and a ``q_len``-node draft of the given shape. ``kv_dtype`` float8_e4m3fn: the
+    pool as SGLang stores it with ``--kv-cache-dtype fp8_e4m3`` (standard-normal values divided by ``kv_scale``,
+    rounded to e4m3; keep 1 / kv_scale well under 448 / 6 so that no value saturates)."""
     gen = torch.Generator().manual_seed(seed)
     if ragged and bs > 1:
         others = torch.randint(0, prefix + 1, (bs - 1,), generator=gen).tolist()
@@ -131,6 +152,10 @@ def make_case(
     pool = total + spare_rows
     dev_gen = torch.Generator(device=device).manual_seed(seed)
     kv_buffer = torch.randn(pool, 1, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=dev_gen)
+    if kv_dtype == torch.float8_e4m3fn:
+        kv_buffer = (kv_buffer.float() / kv_scale).to(kv_dtype)
+    elif kv_dtype != torch.bfloat16:
+        raise ValueError(f"kv_dtype must be bf16 or float8_e4m3fn, got {kv_dtype}")
     q = torch.randn(bs * q_len, heads, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=dev_gen)
     rows = torch.randperm(pool, device=device, generator=dev_gen)[:total]
     prefix_rows: list[torch.Tensor] = []
@@ -174,6 +199,7 @@ def make_case(
         draft_loc=torch.cat(draft_rows).to(torch.int64),
         custom_mask=torch.cat(custom).to(device),
         mask_indptr=mask_indptr.to(device),
+        kv_scale=kv_scale if kv_dtype == torch.float8_e4m3fn else 1.0,
     )
 
 

@@ -29,7 +29,8 @@ SERVING: dict[str, Any] = dict(
         ({"use_mla": False}, "not_absorbed_mla"),
         ({"v_head_dim": 128}, "not_absorbed_mla"),
         ({"page_size": 64}, "page_size_gt_1"),
-        ({"kv_cache_dtype": torch.float8_e4m3fn}, "fp8_kv_cache"),
+        ({"kv_cache_dtype": torch.float8_e5m2}, "fp8_kv_cache"),
+        ({"kv_cache_dtype": torch.float8_e4m3fn}, "cpu_device"),  # fp8_e4m3 pools are served (issue 18)
         ({"kv_cache_dtype": torch.float16}, "kv_cache_dtype_not_bf16"),
         ({"dcp_size": 2}, "decode_context_parallel"),
         ({"sliding_window": True}, "sliding_window"),
@@ -56,7 +57,7 @@ def mla_layer(**change: Any) -> SimpleNamespace:
         ({"qk_head_dim": 192, "v_head_dim": 128}, "not_absorbed_mla"),
         ({"logit_cap": 30.0}, "logit_cap"),
         ({"sliding_window_size": 4096}, "sliding_window"),
-        ({"k_scale": torch.tensor(1.0)}, "fp8_kv_cache"),
+        ({"k_scale": torch.tensor(1.0)}, None),  # an fp8_e4m3 layer: the kernel reads its pool and scale
         ({"is_cross_attention": True}, "cross_attention"),
         ({"xai_temperature_len": 8}, "xai_temperature"),
     ],

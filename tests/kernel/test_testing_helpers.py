@@ -41,3 +41,19 @@ def test_reference_is_the_reference_on_the_case() -> None:
     assert torch.equal(out, direct[0]) and torch.equal(lse, direct[1])
     assert torch.equal(case.reference(0.5), direct[0])
     assert not torch.equal(case.reference(0.25), direct[0])  # the scale reaches it
+
+
+def test_fp8_case_forwards_its_scales(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = make_case(2, 7, 3, 2, device="cpu", seed=4, kv_dtype=torch.float8_e4m3fn, kv_scale=0.25)
+    assert case.kv_buffer.dtype == torch.float8_e4m3fn
+    assert torch.equal(case.kv_dequantized(), (case.kv_buffer.float() * 0.25).to(torch.bfloat16))
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(testing, "verify_attention", lambda *a, **kw: seen.update(kw))
+    case.run_kernel(0.5)
+    assert seen["k_scale"] == seen["v_scale"] == 0.25
+    case.run_kernel(0.5, v_scale=2.0)
+    assert seen["v_scale"] == 2.0
+    dequantized = verify_attention_reference(
+        case.q, case.kv_dequantized(), case.kv_indptr, case.kv_indices, case.qo_indptr, case.draft_mask, 0.5
+    )
+    assert torch.allclose(case.reference(0.5).float(), dequantized.float(), atol=1e-2)
