@@ -7,7 +7,8 @@ pip reports every unmet requirement of a package installed with --no-deps as "ER
 ... sglang 0.5.23 requires torch==2.14.1, but you have torch 2.13.0+cpu which is incompatible" although the
 install succeeded. For the packages named with --expected (installed without their dependencies on purpose)
 those lines become one explained line; a conflict of any other package is printed as it is. Lines about this
-machine's pip configuration (package folders that do not exist) are dropped. Exit 0.
+machine's pip configuration (package folders that do not exist) and setup.sh's own "$ pip install ..." headings
+in the log are dropped. Exit 0.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def summarise(text: str, expected: set[str]) -> Summary:
     out = Summary()
     for raw in text.splitlines():
         line = raw.rstrip()
-        if not line.strip() or any(n in line for n in _NOISE) or line.startswith(RESOLVER_HEADER):
+        if not line.strip() or any(n in line for n in _NOISE) or line.startswith((RESOLVER_HEADER, "$ ")):
             continue
         m = _REQUIRES.match(line.strip())
         if m and m.group("pkg").lower() in expected:

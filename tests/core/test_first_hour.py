@@ -248,7 +248,7 @@ def _readable_by_nobody(path: Path) -> bool:
 def test_pip_conflicts_of_no_deps_sglang_become_one_explained_line() -> None:
     text = (REPO / "tests/scripts/pip-sglang-conflicts.txt").read_text()  # captured from a real set-up
     assert text.count("\n") > 40 and "ERROR: pip's dependency resolver" in text
-    out = pip_summary.render(pip_summary.summarise(text, {"sglang"}))
+    out = pip_summary.render(pip_summary.summarise("$ pip install -e .[dev] torch==2.13.0\n" + text, {"sglang"}))
     assert len(out) == 1, out
     assert out[0].startswith("note: sglang 0.5.23 is installed without its dependencies on purpose (52 unmet")
     assert "it pins torch==2.14.1 (this machine has torch 2.13.0+cpu)" in out[0] and "ERROR" not in out[0]
