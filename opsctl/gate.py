@@ -253,6 +253,7 @@ class Judgement:
     reason: str
     raw: str
     line: ParityLine | None = None  # None: the marker was inside another message
+    after_decision: bool = False  # judged, but the gate had decided already (a deploy would have stopped reading)
 
 
 def line_reason(state: GateState, line: ParityLine, verdict: LineVerdict) -> str:
@@ -277,8 +278,9 @@ def judge(state: GateState, message: str, now: float) -> Judgement | None:
         if rec is None and misplaced_marker(message):
             return Judgement(LineVerdict.IGNORED, "[kdtree] inside another message, not a parity line", message)
         return None
+    decided = state.decided
     verdict = state.feed(rec, now)
-    return Judgement(verdict, line_reason(state, rec, verdict), rec.raw, rec)
+    return Judgement(verdict, line_reason(state, rec, verdict), rec.raw, rec, after_decision=decided)
 
 
 def _badness(rel: float) -> float:

@@ -51,6 +51,7 @@ class ParityCheck:
                     "layer": c.judgement.line.layer if c.judgement.line else None,
                     "tp": c.judgement.line.rank if c.judgement.line else None,
                     "rel": _json_float(c.judgement.line.rel) if c.judgement.line else None,
+                    "after_decision": c.judgement.after_decision,
                     "text": c.judgement.raw.strip(),
                 }
                 for c in self.lines
@@ -66,9 +67,7 @@ def check_journal(
     text: Iterable[str], settings: GateSettings, *, tp: int | None = None, token: str | None = None
 ) -> ParityCheck:
     """Judge journal text (any journalctl output format, or bare messages) as the deploy's gate would."""
-    state = GateState(
-        settings=settings, started_at=0.0, deadline_s=settings.deadline_s, expected_ranks=tp, token=token
-    )
+    state = GateState(settings=settings, started_at=0.0, deadline_s=settings.deadline_s, expected_ranks=tp, token=token)
     check = ParityCheck(state=state)
     for number, message in enumerate(text, 1):
         j = judge(state, message.rstrip("\n"), 0.0)
