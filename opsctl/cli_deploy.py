@@ -72,7 +72,10 @@ _SWITCH_TO = re.compile(r"current -> (\S+)")
 
 class RichReporter:
     """One row per step with a spinner and its elapsed time; parity lines printed above as they arrive, each naming
-    the release it belongs to: the new one (``new``, before the restart ``pre-restart``) or the rollback's."""
+    the release it belongs to: the new one (``new``, before the restart ``pre-restart``) or the rollback's.
+
+    Not on a terminal (CI, a log file), nothing is redrawn: each step prints one line when it ends, in order with
+    the parity lines."""
 
     def __init__(
         self, host: str, out: Console = console, *, release: str | None = None, action: str = "deploy"
@@ -89,13 +92,18 @@ class RichReporter:
             transient=False,
         )
         self.tasks: dict[str, TaskID] = {}
+        self.live = out.is_terminal
+        self.out = out
+        self.started: dict[str, float] = {}
 
     def __enter__(self) -> RichReporter:
-        self.progress.start()
+        if self.live:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        if self.live:
+            self.progress.stop()
 
     def step(self, name: str, detail: str = "") -> None:
         switch = _SWITCH_TO.search(detail) if name in ("switch", "rollback") else None
@@ -106,13 +114,20 @@ class RichReporter:
         elif switch:
             target = switch.group(1)
             self.label = f"{target} (new)" if target == self.release else f"{target} ({self.action})"
-        self.tasks[name] = self.progress.add_task(f"[bold]{name}[/] {_escape(detail)}".rstrip(), total=1)
+        self.started[name] = time.monotonic()
+        if self.live:
+            self.tasks[name] = self.progress.add_task(f"[bold]{name}[/] {_escape(detail)}".rstrip(), total=1)
 
     def _finish(self, name: str, mark: str, detail: str) -> None:
+        desc = f"{mark} [bold]{name}[/]" + (f" [dim]{_escape(detail)}[/]" if detail else "")
+        if not self.live:
+            if name in self.started:
+                secs = time.monotonic() - self.started.pop(name)
+                self.out.print(f"  {desc} [dim]({secs:.1f}s)[/]", highlight=False, soft_wrap=True)
+            return
         task = self.tasks.get(name)
         if task is None:
             return
-        desc = f"{mark} [bold]{name}[/]" + (f" [dim]{_escape(detail)}[/]" if detail else "")
         self.progress.update(task, description=desc, completed=1)
         self.progress.stop_task(task)
 
@@ -312,7 +327,7 @@ def deploy_command(
         for line in plan_res.plan.describe():
             console.print(line, highlight=False)
         if not no_restart:
-            console.print(_gate_rules(h), highlight=False, style="dim")
+            console.print(_gate_rules(h), highlight=False, style="dim", soft_wrap=True)
     if plan_res.verdict == "REFUSED" and dry_run:
         raise DeployFailed(f"deploy would be refused: {plan_res.reason}")
     if dry_run or plan_res.verdict == "UP-TO-DATE":

@@ -292,7 +292,7 @@ def test_every_docs_reference_resolves() -> None:
         if not path.is_file() or path.suffix not in (".py", ".md", ".sh", ".toml", ".yaml", ".service", ""):
             continue
         text = path.read_text(errors="replace")
-        for ref in re.findall(r"\bdocs/[\w-]+\.md\b", text):  # docs/X.md anywhere in the repo
+        for ref in re.findall(r"\bdocs/[\w-]+\.md\b", text):  # every docs/<page>.md reference in the repo
             if not (REPO / ref).is_file():
                 missing.add(f"{name}: {ref}")
         for ref in re.findall(r"\]\(([^)#]+)", text) if path.suffix == ".md" else ():  # markdown links
@@ -317,9 +317,10 @@ def test_exit_code_doc_matches_the_error_types() -> None:
 # ---------------------------------------------------------------------------------------------- 4/5 reporting
 
 
-def _reporter(release: str = "r0123456789ab") -> tuple[RichReporter, io.StringIO]:
+def _reporter(release: str = "r0123456789ab", terminal: bool = False) -> tuple[RichReporter, io.StringIO]:
     buf = io.StringIO()
-    return RichReporter("local", Console(file=buf, width=200, force_terminal=False), release=release), buf
+    out = Console(file=buf, width=200, force_terminal=terminal, color_system=None)
+    return RichReporter("local", out, release=release), buf
 
 
 def _line(text: str) -> ParityLine:
@@ -328,8 +329,9 @@ def _line(text: str) -> ParityLine:
     return rec
 
 
-def test_a_failed_gate_step_shows_a_cross_and_lines_name_their_release() -> None:
-    rep, buf = _reporter()
+@pytest.mark.parametrize("terminal", [False, True], ids=["log", "terminal"])
+def test_a_failed_gate_step_shows_a_cross_and_lines_name_their_release(terminal: bool) -> None:
+    rep, buf = _reporter(terminal=terminal)
     with rep:
         rep.step("parity")
         rep.parity(_line("[kdtree] L0 max_abs_diff=1.0e+00 mean=1.0e-01 rel=1.12e+00 tp=0"), "FAIL")
@@ -349,6 +351,8 @@ def test_a_failed_gate_step_shows_a_cross_and_lines_name_their_release() -> None
     gate_row = next(line for line in out.splitlines() if "gate FAIL" in line or ("gate " in line and "FAIL:" in line))
     assert "✗" in gate_row and "✓" not in gate_row, gate_row
     assert re.search(r"✓ gate \(rollback\) PASS", out), out
+    if not terminal:  # a log: each step's line when it ends, in order with the parity lines
+        assert out.index("✗ parity") < out.index("(new) L30") < out.index("✗ gate") < out.index("(rollback) L0")
 
 
 def test_prerestart_reason_names_the_failing_layers() -> None:
