@@ -614,7 +614,13 @@ def deploy(
                 seen = _ParityRecorder(rep)
                 try:
                     with timer.timed(rep, "parity") as note:
-                        _prerestart_parity(session.r, host, layout, manifest.id, note, seen)
+                        try:
+                            _prerestart_parity(session.r, host, layout, manifest.id, note, seen)
+                        except GateFailed as e:
+                            note["detail"] = "FAIL: " + (
+                                prerestart_fail_reason(seen.lines, host.gate.fail_rel) or e.message
+                            )
+                            raise
                 except GateFailed as e:
                     # Reported like the gate: the lines (above), verdict FAIL, the failing layers in the reason.
                     reason = prerestart_fail_reason(seen.lines, host.gate.fail_rel) or e.message
