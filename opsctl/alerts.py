@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .health import HostHealth, Level, state_dir, write_atomic
-from .inventory import HostConfig
+from .inventory import HostConfig, WebhookUrl
 
 DELIVERY_TIMEOUT_S = 10.0
 
@@ -98,7 +98,7 @@ def send(host: HostConfig, alert: Alert) -> list[Delivery]:
     if host.health.alert_command:
         out.append(_run_command(host.health.alert_command, alert, body))
     if host.health.alert_webhook:
-        out.append(_post_webhook(host.health.alert_webhook, alert, body))
+        out.append(_post_webhook(host.health.alert_webhook, alert, body))  # a WebhookUrl: prints redacted
     return out or [Delivery(alert, "none", True)]
 
 
@@ -120,17 +120,18 @@ def _run_command(command: str, alert: Alert, body: bytes) -> Delivery:
     return Delivery(alert, "command", True)
 
 
-def _post_webhook(url: str, alert: Alert, body: bytes) -> Delivery:
-    if not url.startswith(("http://", "https://")):
-        return Delivery(alert, "webhook", False, f"{url!r} is not an http(s) URL")
-    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+def _post_webhook(url: WebhookUrl, alert: Alert, body: bytes) -> Delivery:
+    """POST the alert. Every message names the URL redacted (``str(url)``): the real one may hold a token, and a
+    library error can quote it, so the error text is scrubbed of it too."""
+    secret = url.get_secret_value()
+    req = urllib.request.Request(secret, data=body, method="POST", headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=DELIVERY_TIMEOUT_S) as resp:
             resp.read(1024)
     except urllib.error.HTTPError as e:
         return Delivery(alert, "webhook", False, f"{url}: HTTP {e.code}")
     except (OSError, ValueError) as e:
-        return Delivery(alert, "webhook", False, f"{url}: {e}")
+        return Delivery(alert, "webhook", False, f"{url}: {str(e).replace(secret, str(url))}")
     return Delivery(alert, "webhook", True)
 
 

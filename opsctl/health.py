@@ -19,6 +19,7 @@ import shlex
 import socket
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -30,7 +31,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import OpsError
-from .gate import LineVerdict, classify
+from .gate import GateState, LineVerdict, classify
+from .hoststate import parse_parity_env
 from .inventory import HostConfig
 from .parity import ParityLine, parse_line
 from .release import Manifest
@@ -52,9 +54,9 @@ class Level(StrEnum):
 
 
 CHECK_NAMES = ("ssh", "unit", "http", "gpu", "drift", "parity", "disk", "lock", "clock")
-# A CRIT on one of these points at the release itself, so `--rollback-on-fail` may act on it. Disk, GPU, lock,
-# drift and clock problems are not fixed by switching releases and are left to a person.
-ROLLBACK_CHECKS = frozenset({"unit", "http", "parity"})
+# `--rollback-on-fail` acts only on evidence that the running release itself is bad (CheckResult.release_bad):
+# failing parity lines among the latest of the current invocation, or a crash loop. A stopped unit, a slow HTTP
+# endpoint, disk, GPU, lock, drift and clock problems are not fixed by switching releases: a person decides.
 CLOCK_SKEW_WARN_S = 30.0
 # A lock directory is created first and its owner record written right after: a lock still without one after
 # this long was left by a run that died in between.
@@ -67,6 +69,7 @@ class CheckResult:
     level: Level
     detail: str
     value: float | None = None  # the figure the check looked at, for JSON/Prometheus
+    release_bad: bool = False  # evidence that the running release is bad: a rollback may act on it
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class HostHealth:
 
     @property
     def wants_rollback(self) -> bool:
-        return any(c.level is Level.CRIT and c.name in ROLLBACK_CHECKS for c in self.checks)
+        return any(c.level is Level.CRIT and c.release_bad for c in self.checks)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,6 +181,7 @@ class HostFacts:
     drift: DriftFacts = field(default_factory=DriftFacts)
     parity: tuple[ParitySample, ...] = ()
     parity_error: str | None = None
+    parity_token: str | None = None  # the token the running invocation was handed (state/parity.env)
     disk_free_mb: float | None = None
     lock: LockFacts = field(default_factory=LockFacts)
     host_time: float | None = None  # host epoch seconds when probed
@@ -223,7 +227,7 @@ def evaluate(host: HostConfig, facts: HostFacts, previous: PreviousRun | None = 
         check_http(host, facts.http),
         check_gpu(host, facts.gpu),
         check_drift(facts.drift),
-        check_parity(host, facts.parity, facts.parity_error),
+        check_parity(host, facts.parity, facts.parity_error, facts.parity_token),
         check_disk(host, facts.disk_free_mb),
         check_lock(host, facts.lock),
         check_clock(facts.host_time, facts.local_time),
@@ -262,11 +266,18 @@ def check_unit(host: HostConfig, unit: UnitFacts, previous: PreviousRun | None) 
     delta = restarts_since(unit, previous)
     value = float(delta) if delta is not None else None
     if unit.sub_state == "auto-restart" or unit.active_state == "failed":
-        return CheckResult("unit", Level.CRIT, f"{state}: crash loop or failed (NRestarts={unit.n_restarts})", value)
+        return CheckResult(
+            "unit", Level.CRIT, f"{state}: crash loop or failed (NRestarts={unit.n_restarts})", value, release_bad=True
+        )
+    if unit.active_state == "inactive":
+        # Stopped cleanly (not failed): an operator's `systemctl stop`, not evidence against the release.
+        return CheckResult("unit", Level.WARN, f"{state}: stopped (not failed); start it or deploy", value)
     if unit.active_state != "active":
         return CheckResult("unit", Level.CRIT, f"{state}: not running", value)
     if delta is not None and delta > host.gate.max_restarts:
-        return CheckResult("unit", Level.CRIT, f"active, but restarted {delta}x since the last check", value)
+        return CheckResult(
+            "unit", Level.CRIT, f"active, but restarted {delta}x since the last check", value, release_bad=True
+        )
     if delta is not None and host.health.restarts_warn and delta >= host.health.restarts_warn:
         return CheckResult("unit", Level.WARN, f"active, restarted {delta}x since the last check", value)
     return CheckResult("unit", Level.OK, f"{state}, {delta or 0} restart(s) since the last check", value)
@@ -315,27 +326,66 @@ def check_drift(drift: DriftFacts) -> CheckResult:
     return CheckResult("drift", Level.OK, f"{len(drift.manifest)} files match the manifest", 0.0)
 
 
-def check_parity(host: HostConfig, samples: Sequence[ParitySample], error: str | None) -> CheckResult:
+def check_parity(
+    host: HostConfig, samples: Sequence[ParitySample], error: str | None, token: str | None = None
+) -> CheckResult:
+    """The current invocation's parity lines in the window, judged by the gate's rules on the *latest* lines:
+    the last K (consecutive_passes) of each TP rank. A failing or malformed one among them is CRIT and evidence
+    against the release; an older failure that passing lines followed is WARN (it happened, it is not current).
+    Lines without the invocation's token (when one was handed out) are ignored, as the gate ignores them."""
     window = host.health.parity_window_s
     if error:
         return CheckResult("parity", Level.WARN, f"journal not readable: {error}")
-    if not samples:
-        return CheckResult("parity", Level.WARN, f"no parity line from this invocation in the last {window}s")
-    failing = [s for s in samples if classify_sample(s, host) is Level.CRIT]
-    if failing:
-        worst = failing[-1]
+    gate = GateState(settings=host.gate, started_at=0.0, deadline_s=window, expected_ranks=host.service.tp, token=token)
+    counted = [s for s in sorted(samples, key=lambda s: s.at) if gate.ignored_reason(s.line) is None]
+    ignored = len(samples) - len(counted)
+    note = f"; {ignored} line(s) without this invocation's token ignored" if ignored else ""
+    if not counted:
+        return CheckResult("parity", Level.WARN, f"no parity line from this invocation in the last {window}s{note}")
+    k = host.gate.consecutive_passes
+    by_rank: dict[int | None, list[ParitySample]] = {}
+    for sample in counted:
+        by_rank.setdefault(sample.line.rank, []).append(sample)
+    latest = [s for lines in by_rank.values() for s in lines[-k:]]
+    levels = {id(s): _sample_level(gate, s) for s in counted}
+    failing_now = [s for s in latest if levels[id(s)] is Level.CRIT]
+    if failing_now:
+        worst = failing_now[-1]
         return CheckResult(
             "parity",
             Level.CRIT,
-            f"{len(failing)}/{len(samples)} line(s) failing, last {worst.label} rel={worst.rel:.3g}",
+            f"{len(failing_now)} of the latest {len(latest)} line(s) failing, last {worst.label} rel={worst.rel:.3g}"
+            + note,
             worst.rel,
+            release_bad=True,
         )
-    latest = max(samples, key=lambda s: s.at)
-    level = classify_sample(latest, host)
+    failed_before = [s for s in counted if levels[id(s)] is Level.CRIT]
+    silent = [r for r in range(host.service.tp) if r not in by_rank]
+    newest = counted[-1]
+    if failed_before:
+        old = failed_before[-1]
+        detail = (
+            f"an earlier line failed ({old.label} rel={old.rel:.3g}); the latest {len(latest)} pass or are inconclusive"
+        )
+        return CheckResult("parity", Level.WARN, detail + note, old.rel)
+    if silent:
+        return CheckResult(
+            "parity", Level.WARN, f"TP rank(s) {', '.join(map(str, silent))} printed no parity line in {window}s{note}"
+        )
+    level = max((levels[id(s)] for s in latest), key=lambda lv: lv.severity)
     verdict = "pass" if level is Level.OK else "inconclusive"
     return CheckResult(
-        "parity", level, f"latest {latest.label} rel={latest.rel:.3g} ({verdict}), {len(samples)} line(s)", latest.rel
+        "parity",
+        level,
+        f"latest {newest.label} rel={newest.rel:.3g} ({verdict}), {len(counted)} line(s){note}",
+        newest.rel,
     )
+
+
+def _sample_level(gate: GateState, sample: ParitySample) -> Level:
+    if gate.problems(sample.line):
+        return Level.CRIT
+    return _LINE_LEVEL[classify(sample.line, gate.settings)]
 
 
 def check_disk(host: HostConfig, free_mb: float | None) -> CheckResult:
@@ -631,6 +681,12 @@ if inv:
                 lines.append([int(e.get("__REALTIME_TIMESTAMP", "0")) / 1e6, m])
         out["parity_lines"] = lines[-p["max_lines"]:]
 
+try:
+    with open(os.path.join(root, "state", "parity.env")) as fh:
+        out["parity_env"] = fh.read(4096)
+except OSError:
+    pass
+
 d = root
 while not os.path.isdir(d) and d != "/":
     d = os.path.dirname(d)
@@ -650,13 +706,17 @@ print(json.dumps(out))
 """
 
 
+def health_url(host: HostConfig) -> str:
+    """The service's health endpoint on the host itself: the inventory's http_path is the URL's path, never
+    part of its authority (a validated path starts with one '/', so it cannot name another host)."""
+    return urllib.parse.urlunsplit(("http", f"127.0.0.1:{host.service.port}", host.health.http_path, "", ""))
+
+
 def probe_command(host: HostConfig) -> str:
     params = {
         "unit": host.unit,
         "root": host.root,
-        "http_url": None
-        if host.service.mode == "replay"
-        else f"http://127.0.0.1:{host.service.port}{host.health.http_path}",
+        "http_url": None if host.service.mode == "replay" else health_url(host),
         "http_timeout": host.health.http_timeout_s,
         "gpu": host.gpu_arch is not None,
         "window": host.health.parity_window_s,
@@ -739,6 +799,7 @@ def facts_from_probe(
         drift=drift,
         parity=tuple(samples),
         parity_error=raw.get("journal_error"),
+        parity_token=parse_parity_env(raw.get("parity_env") or ""),
         disk_free_mb=raw.get("disk_free_mb"),
         lock=lock,
         host_time=raw.get("host_time"),

@@ -10,41 +10,119 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shlex
+import shutil
+import subprocess
+import unicodedata
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import InventoryError
 
 ENV_VAR = "OPSCTL_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_UNIT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
-_ADDRESS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}$")
-_ARCH_RE = re.compile(r"^\d{1,2}\.\d$")
+# Always used with fullmatch: "$" alone would accept a trailing newline ("DDTREE\n").
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_UNIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
+_ADDRESS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
+_ARCH_RE = re.compile(r"\d{1,2}\.\d")
+_HTTP_PATH_RE = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
 # Characters with a meaning to a shell, plus whitespace; a path or argument containing one is refused outright.
 _SHELL_META = set(";&|$`\\\"'<>(){}[]*?!#~\n\r\t ")
 
 
+def control_character(value: str) -> str | None:
+    """The first control character in ``value`` (NUL, CR, LF, TAB, DEL, C1 ...), named for an error message."""
+    for ch in value:
+        if unicodedata.category(ch) == "Cc":
+            return f"U+{ord(ch):04X}"
+    return None
+
+
+def _no_control_characters(value: Any) -> Any:
+    """Every string field of the inventory (and each string of a list field): a NUL, CR or LF in a value could end a line of the
+    rendered unit file and start a directive of its own (ExecStartPre=...)."""
+    if isinstance(value, str):
+        bad = control_character(value)
+        if bad:
+            raise ValueError(f"contains the control character {bad}; inventory values must be plain text")
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _no_control_characters(item)
+    return value
+
+
+def _http_path(value: str) -> str:
+    if not _HTTP_PATH_RE.fullmatch(value) or value.startswith("//"):
+        raise ValueError(
+            f"{value!r} must be a URL path: one leading '/', no query or fragment (it is the path of "
+            "http://127.0.0.1:<port>)"
+        )
+    return value
+
+
+class WebhookUrl(SecretStr):
+    """A webhook URL: often holds a secret (a token in the path or query), so every output shows only the scheme
+    and host; ``get_secret_value()`` is for the one place that posts to it."""
+
+    def _display(self) -> str:
+        parts = urllib.parse.urlsplit(self.get_secret_value())
+        return f"{parts.scheme}://{parts.hostname or '?'}/... (redacted)"
+
+
+def _webhook(value: WebhookUrl) -> WebhookUrl:
+    # The value is never echoed: the error message would print the secret.
+    text = value.get_secret_value()
+    try:
+        parts = urllib.parse.urlsplit(text)
+        host = parts.hostname
+    except ValueError:
+        raise ValueError("is not a parsable URL (value not shown: webhook URLs often hold secrets)") from None
+    if parts.scheme not in ("http", "https") or not host or any(c.isspace() for c in text):
+        raise ValueError("must be an http:// or https:// URL with a host (value not shown: it may hold a secret)")
+    return value
+
+
+def _alert_command(value: str) -> str:
+    try:
+        argv = shlex.split(value)
+    except ValueError as e:
+        raise ValueError(f"{value!r} does not split into words: {e}") from None
+    if not argv:
+        raise ValueError("names no program to run")
+    return value
+
+
 def _safe_name(value: str) -> str:
-    if not _NAME_RE.match(value):
+    if not _NAME_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a safe name (letters, digits, '_', '.', '-'; max 63)")
     return value
 
 
 def _unit_name(value: str) -> str:
-    if not _UNIT_RE.match(value) or ".." in value:
+    if not _UNIT_RE.fullmatch(value) or ".." in value:
         raise ValueError(f"{value!r} is not a valid systemd unit name (no spaces, '/', or shell characters)")
     return value
 
 
 def _address(value: str) -> str:
-    if not _ADDRESS_RE.match(value):
+    if not _ADDRESS_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a hostname or IP address")
     return value
 
@@ -77,7 +155,7 @@ def _shell_arg(value: str) -> str:
 
 
 def _arch(value: str) -> str:
-    if not _ARCH_RE.match(value):
+    if not _ARCH_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a compute capability like '12.0' or '9.0'")
     return value
 
@@ -88,11 +166,19 @@ Address = Annotated[str, AfterValidator(_address)]
 RemotePath = Annotated[str, AfterValidator(_abs_path)]
 LocalPath = Annotated[str, AfterValidator(_local_path)]
 ShellArg = Annotated[str, AfterValidator(_shell_arg)]
+HttpPath = Annotated[str, AfterValidator(_http_path)]
+Webhook = Annotated[WebhookUrl, AfterValidator(_webhook)]
+AlertCommand = Annotated[str, AfterValidator(_shell_arg), AfterValidator(_alert_command)]
 GpuArch = Annotated[str, AfterValidator(_arch)]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_text(cls, value: Any) -> Any:
+        return _no_control_characters(value)
 
 
 class GateSettings(_Strict):
@@ -135,13 +221,13 @@ class HealthSettings(_Strict):
 
     on_calendar: ShellArg = "*:0/15"
     randomized_delay_s: int = Field(60, ge=0)
-    http_path: ShellArg = "/health"
+    http_path: HttpPath = "/health"
     http_timeout_s: float = Field(5.0, gt=0)
     parity_window_s: int = Field(3600, gt=0)
     restarts_warn: int = Field(1, ge=0)
     disk_warn_mb: int = Field(10240, ge=0)
-    alert_command: ShellArg | None = None
-    alert_webhook: ShellArg | None = None
+    alert_command: AlertCommand | None = None
+    alert_webhook: Webhook | None = None
 
 
 class HostConfig(_Strict):
@@ -225,7 +311,25 @@ def load(path: str | os.PathLike[str] | None = None) -> Inventory:
         text = p.read_text()
     except OSError as e:
         raise InventoryError(f"{p}: cannot read inventory: {e.strerror or e}") from e
-    return parse(text, p)
+    inv = parse(text, p)
+    for host in inv.hosts.values():
+        problem = calendar_problem(host.health.on_calendar)
+        if problem:
+            raise InventoryError(f"{p}: hosts.{host.name}.health.on_calendar: {problem}")
+    return inv
+
+
+def calendar_problem(expression: str) -> str | None:
+    """What systemd says is wrong with an OnCalendar expression (None when it parses, or when this machine has no
+    systemd-analyze to ask: the timer's own installation asks again)."""
+    if shutil.which("systemd-analyze") is None:
+        return None
+    r = subprocess.run(
+        ["systemd-analyze", "calendar", "--", expression], capture_output=True, text=True, timeout=30, check=False
+    )
+    if r.returncode == 0:
+        return None
+    return f"{expression!r} is not a systemd calendar expression: {r.stderr.strip() or r.stdout.strip()}"
 
 
 def parse(text: str, path: Path | str = DEFAULT_FILE) -> Inventory:

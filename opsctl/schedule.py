@@ -80,6 +80,14 @@ def find_opsctl() -> str:
     raise OpsError("cannot find the `opsctl` executable to schedule; install the package (pip install -e .)")
 
 
+ROLLBACK_SLACK_S = 300.0  # switch, unit install, history, cleanup over SSH
+
+
+def rollback_budget_s(host: HostConfig) -> float:
+    """The longest an honest `opsctl rollback` of this host can take."""
+    return host.service.start_timeout_s + 60 + host.gate.deadline_s + ROLLBACK_SLACK_S
+
+
 def make_spec(
     hosts: Sequence[HostConfig],
     *,
@@ -102,8 +110,12 @@ def make_spec(
             f"hosts of {target!r} disagree on health.on_calendar/randomized_delay_s ({spread}); "
             "set them in the inventory's defaults, or schedule a group whose hosts agree"
         )
-    # A check must end before the next one starts: the slowest host's probe and HTTP timeouts bound it.
+    # The slowest host's probe and HTTP timeouts bound a check. With --rollback-on-fail the service must also be
+    # able to finish every rollback it may start (one host after another): systemd killing it mid-way would
+    # leave a host half-switched. A rollback is a restart (start timeout), a gate (its deadline) and bookkeeping.
     timeout = int(max(h.connect_timeout_s + h.health.http_timeout_s + 60 for h in hosts))
+    if rollback_on_fail:
+        timeout += int(sum(rollback_budget_s(h) for h in hosts))
     return ScheduleSpec(
         opsctl=opsctl or find_opsctl(),
         inventory=inventory.resolve(),
@@ -188,7 +200,7 @@ def verify_calendar(expression: str, runner: Runner = _run) -> None:
     """Ask systemd whether OnCalendar parses, so a typo fails here and not silently in the timer."""
     if shutil.which("systemd-analyze") is None:
         return
-    r = runner(["systemd-analyze", "calendar", expression])
+    r = runner(["systemd-analyze", "calendar", "--", expression])
     if r.returncode != 0:
         raise UsageError(f"health.on_calendar {expression!r} is not a systemd calendar expression: {r.stderr.strip()}")
 

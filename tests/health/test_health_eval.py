@@ -30,8 +30,9 @@ ACTIVE = UnitFacts("loaded", "active", "running", 0, "inv-1")
 MANIFEST = {"backend/a.py": "aa", "kernel/b.cu": "bb"}
 
 
-def sample(rel: float, at: float = 100.0, layer: int = 3) -> ParitySample:
-    line = parse_line(f"[kdtree] L{layer} max_abs_diff=1e-3 mean=1e-4 rel={rel}")
+def sample(rel: float, at: float = 100.0, layer: int = 3, rank: int = 0, token: str | None = None) -> ParitySample:
+    tok = f" token={token}" if token else ""
+    line = parse_line(f"[kdtree] L{layer} max_abs_diff=1e-3 mean=1e-4 rel={rel} tp={rank}{tok}")
     assert isinstance(line, ParityLine)
     return ParitySample(at, line)
 
@@ -51,7 +52,7 @@ def healthy(**over: object) -> HostFacts:
     return HostFacts(**base)  # type: ignore[arg-type]
 
 
-REPLAY = {"gpu_arch": None, "service": {"mode": "replay"}}
+REPLAY = {"gpu_arch": None, "service": {"mode": "replay", "tp": 1}}
 
 
 def levels(result) -> dict[str, Level]:  # type: ignore[no-untyped-def]
@@ -78,7 +79,7 @@ def test_unreachable_host_is_crit_and_nothing_else_judged() -> None:
     [
         (UnitFacts("loaded", "activating", "auto-restart", 4, ""), None, Level.CRIT),
         (UnitFacts("loaded", "failed", "failed", 5, ""), None, Level.CRIT),
-        (UnitFacts("loaded", "inactive", "dead", 0, ""), None, Level.CRIT),
+        (UnitFacts("loaded", "inactive", "dead", 0, ""), None, Level.WARN),  # stopped, not failed
         (UnitFacts("not-found", "inactive", "dead", 0, ""), None, Level.CRIT),
         (UnitFacts("loaded", "active", "running", 1, "i"), PreviousRun(0, "i"), Level.WARN),
         (UnitFacts("loaded", "active", "running", 7, "i"), PreviousRun(2, "i"), Level.CRIT),
@@ -137,7 +138,7 @@ def test_parity_levels_follow_gate_thresholds() -> None:
     assert levels(evaluate(h, healthy(parity=(sample(0.02),))))["parity"] is Level.WARN
     assert levels(evaluate(h, healthy(parity=(sample(1.08),))))["parity"] is Level.CRIT
     assert levels(evaluate(h, healthy(parity=())))["parity"] is Level.WARN
-    # a failing line anywhere in the window fails, even if a later line passes (another rank may still fail)
+    # a failing line among the latest K of a rank fails, even if a later line passes
     mixed = (sample(0.001, at=1), sample(0.9, at=2, layer=5), sample(0.001, at=3))
     assert levels(evaluate(h, healthy(parity=mixed)))["parity"] is Level.CRIT
     nan = evaluate(h, healthy(parity=(sample(math.nan),)))
@@ -177,6 +178,43 @@ def test_rollback_wanted_only_for_release_checks() -> None:
     disk = evaluate(h, healthy(disk_free_mb=1.0))
     assert crash.wants_rollback and not disk.wants_rollback
     assert disk.level is Level.CRIT
+
+
+def test_a_stopped_unit_is_a_warning_never_a_rollback() -> None:
+    h = host(**REPLAY)
+    stopped = evaluate(h, healthy(unit=UnitFacts("loaded", "inactive", "dead", 0, ""), parity=()))
+    assert levels(stopped)["unit"] is Level.WARN and not stopped.wants_rollback
+    assert "stopped" in stopped.check("unit").detail  # type: ignore[union-attr]
+
+
+def test_http_down_alone_is_crit_but_not_evidence_against_the_release() -> None:
+    h = host(gpu_arch=None, service={"mode": "sglang", "tp": 1})
+    down = evaluate(h, healthy(http=HttpFacts(error="connection refused")))
+    assert levels(down)["http"] is Level.CRIT and not down.wants_rollback
+
+
+def test_an_old_nan_line_followed_by_passing_lines_is_not_a_rollback() -> None:
+    h = host(**REPLAY)
+    history = (sample(math.nan, at=1), *(sample(0.001, at=t) for t in range(2, 40)))
+    r = evaluate(h, healthy(parity=history))
+    assert levels(r)["parity"] is Level.WARN and not r.wants_rollback
+    assert "earlier line failed" in r.check("parity").detail  # type: ignore[union-attr]
+    # ... while a failing line among the latest of its rank is evidence
+    fresh = evaluate(h, healthy(parity=(*history, sample(0.3, at=50))))
+    assert levels(fresh)["parity"] is Level.CRIT and fresh.wants_rollback
+
+
+def test_health_judges_each_rank_and_only_the_invocations_token() -> None:
+    h = host(gpu_arch=None, service={"mode": "replay", "tp": 2})
+    tok = "0123456789abcdef"
+    rank0 = tuple(sample(0.001, at=t, rank=0, token=tok) for t in range(5))
+    silent = evaluate(h, healthy(parity=rank0, parity_token=tok))
+    assert levels(silent)["parity"] is Level.WARN and "TP rank(s) 1" in silent.check("parity").detail  # type: ignore[union-attr]
+    forged = (*rank0, *(sample(0.9, at=10 + t, rank=1) for t in range(3)))  # no token: ignored
+    r = evaluate(h, healthy(parity=forged, parity_token=tok))
+    assert not r.wants_rollback and "without this invocation's token ignored" in r.check("parity").detail  # type: ignore[union-attr]
+    real = (*rank0, *(sample(0.9, at=10 + t, rank=1, token=tok) for t in range(3)))
+    assert evaluate(h, healthy(parity=real, parity_token=tok)).wants_rollback
 
 
 def test_exit_code_is_worst_host() -> None:

@@ -109,3 +109,20 @@ def test_install_status_remove_in_a_scratch_dir(tmp_path: Path, monkeypatch: pyt
         s, user=True, runner=lambda a: user_calls.append(a) or subprocess.CompletedProcess(a, 0, "", ""), activate=True
     )
     assert user_calls and all(c[:2] == ["systemctl", "--user"] for c in user_calls if c[0] == "systemctl")
+
+
+def test_the_service_can_finish_every_rollback_it_starts(tmp_path: Path) -> None:
+    """TimeoutStartSec was 75 s while a rollback (restart + gate) takes minutes: systemd would kill it mid-way."""
+    inv = inventory(
+        {"tb1": {}, "tb2": {}},
+        defaults={"gate": {"deadline_s": 1800}, "service": {"start_timeout_s": 1200}},
+    )
+    hosts = list(inv.hosts.values())
+    kw = {"target": "fleet", "inventory": tmp_path / "i.yaml", "opsctl": "/bin/true", "state": tmp_path / "s"}
+    plain = schedule.make_spec(hosts, **kw)  # type: ignore[arg-type]
+    rolling = schedule.make_spec(hosts, rollback_on_fail=True, **kw)  # type: ignore[arg-type]
+    assert plain.timeout_s < 120
+    # Two hosts, each a restart (1200 s + 60) and a gate (1800 s) at most, one after another.
+    assert rolling.timeout_s >= plain.timeout_s + 2 * (1200 + 60 + 1800)
+    service = schedule.render(rolling)[schedule.SERVICE]
+    assert f"TimeoutStartSec={rolling.timeout_s}" in service and "--rollback-on-fail" in service
