@@ -290,6 +290,12 @@ def _open_client(
         raise HostUnreachable(name, f"cannot connect to {where}: {reasons or e}") from None
     except paramiko.SSHException as e:
         client.close()
+        if "protocol banner" in str(e):
+            raise HostUnreachable(
+                name,
+                f"ssh to {where} failed: no SSH banner within {timeout:g}s (the connection was accepted, then closed "
+                "or left silent: is sshd listening on that port, or is a firewall or proxy in between?)",
+            ) from None
         raise HostUnreachable(name, f"ssh to {where} failed: {e}") from None
     except (OSError, EOFError) as e:
         client.close()
