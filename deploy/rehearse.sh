@@ -27,6 +27,6 @@ rc=0
 echo "== status of local"
 "$OPSCTL" --inventory "$INV" status local || true
 echo "== the last [kdtree] shapes lines, decoded"
-"$OPSCTL" --inventory "$INV" logs local --grep shapes --lines 400 | tail -n 6 || true
+"$OPSCTL" --inventory "$INV" logs local --grep shapes --lines 5000 | tail -n 6 || true
 echo "== rehearsal: $([ "$rc" = 0 ] && echo PASS || echo "FAILED (exit $rc)"); next: $OPSCTL --inventory $INV --help"
 exit "$rc"
