@@ -829,6 +829,19 @@ def _log_json(when: str, msg: str, rec: Any, h: HostConfig) -> dict[str, Any]:
     return out
 
 
+def lease_text(snap: hs.HostSnapshot) -> str:
+    """How long the holder's lease still runs (it renews it while alive), or why the lock may be taken over."""
+    left = snap.lock_remaining_s
+    rebooted = bool(snap.lock_boot_id) and snap.lock_boot_id != snap.boot_id
+    if rebooted:
+        return " (stale: taken before the host last booted; the next deploy takes it over)"
+    if left is None:
+        return ""
+    if left <= 0:
+        return f" (lease expired {-left:.0f}s ago: its holder stopped renewing it; the next deploy takes it over)"
+    return f", lease {left:.0f}s left (renewed while its holder runs)"
+
+
 def lock_command(
     host: common.HostArg = None,
     action: Annotated[str | None, typer.Argument(help="status (default) | release", show_default=False)] = None,
@@ -853,9 +866,7 @@ def lock_command(
         return snap
 
     snap = _read(h, act)
-    owner = hs.describe_owner(snap.lock_owner) + (
-        " (stale: taken before the host last booted)" if snap.lock_stale else ""
-    )
+    owner = hs.describe_owner(snap.lock_owner) + lease_text(snap)
     if action == "release":
         msg = f"{host}: broke the lock held by {owner}" if snap.lock_present else f"{host}: lock was already free"
         console.print(msg, style="yellow" if snap.lock_present else "green", highlight=False)

@@ -8,12 +8,16 @@ to a ``Reporter`` (the CLI's rich one, or a recording one in tests); the result 
 from __future__ import annotations
 
 import contextlib
+import functools
 import shlex
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, Protocol, TypeVar
 
 from . import hoststate as hs
@@ -300,6 +304,109 @@ class Session:
         self.drop()
 
 
+# ------------------------------------------------------------------------------------------------ signals, lock lease
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, handled like Ctrl-C: the deploy restores a consistent host before it ends."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_ALL_STOP_SIGNALS = (signal.SIGINT, *_STOP_SIGNALS)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def interruptible(fn: F) -> F:
+    """Run ``fn`` with SIGTERM and SIGHUP raising ``Interrupted`` (as SIGINT raises KeyboardInterrupt), so a
+    service manager's stop or a closed terminal restores the host like Ctrl-C does. Only the main thread can
+    install handlers; elsewhere (a fleet's worker threads) the process's own handling applies."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not _in_main_thread():
+            return fn(*args, **kwargs)
+
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            raise Interrupted(signal.Signals(signum).name)
+
+        old = {sig: signal.signal(sig, handler) for sig in _STOP_SIGNALS}
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for sig, previous in old.items():
+                signal.signal(sig, previous)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def signals_held(rep: Reporter) -> Iterator[None]:
+    """While restoring a host, a second Ctrl-C/SIGTERM/SIGHUP must not abandon it half-way: they are noted, not
+    acted on. (Handlers rather than a signal mask: Python runs handlers in the main thread whichever thread the
+    kernel delivers to, so a mask on one thread would not hold them.)"""
+    if not _in_main_thread():
+        yield
+        return
+
+    def note(signum: int, _frame: FrameType | None) -> None:
+        rep.info(f"{signal.Signals(signum).name} received: still restoring the host, it ends when that is done")
+
+    old = {sig: signal.signal(sig, note) for sig in _ALL_STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
+class LeaseKeeper:
+    """Renews the deploy lock's lease every third of it, from a thread with its own SSH connection, while this
+    process holds the lock: a long build or gate keeps it, and a killed or cut-off run loses it after the lease
+    (another run may then take it over, with a warning naming this one)."""
+
+    def __init__(self, host: HostConfig, owner: LockOwner, connect: Connect, lease_s: float = hs.LOCK_LEASE_S) -> None:
+        self.layout = Layout(host.root)
+        self.owner = owner
+        self.lease_s = lease_s
+        self._session = Session(host, connect)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{host.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                hs.renew_lock(self._session.r, self.layout, self.owner, self.lease_s)
+            except Exception:  # an SSH drop: the next round reconnects; the lease covers two missed rounds
+                self._session.drop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._session.drop()
+
+
+def _take_lock(session: Session, host: HostConfig, owner: LockOwner, rep: Reporter) -> str:
+    """Acquire (retried across SSH drops: a retry after a lost reply finds its own token). Returns the step's
+    detail; taking over an expired or pre-reboot lock is announced with the old owner's name."""
+    taken = session.call(lambda r: hs.acquire_lock(r, Layout(host.root), owner, host.name))
+    lease = f"lease {hs.LOCK_LEASE_S:g}s, renewed while this run lives"
+    if taken:
+        rep.info(f"warning: {host.name}: took over the deploy lock of {taken}")
+        return f"took over the lock of {taken}; {lease}"
+    return lease
+
+
 # ------------------------------------------------------------------------------------------------ gate loop
 
 
@@ -454,7 +561,9 @@ def _prerestart_parity(
         f"{host.gate.fail_rel:g}",
     ]
     res = r.run(f"cd {shlex.quote(rel)} && env {env} {shlex.join(argv)}", timeout=PARITY_TIMEOUT_S, check=False)
-    state = GateState(settings=host.gate, started_at=0.0, deadline_s=PARITY_TIMEOUT_S, expected_ranks=1, token=token)
+    # Every line is judged (the gate would stop reading at its K-th pass; here a later failure still counts).
+    settings = host.gate.model_copy(update={"consecutive_passes": 1000})
+    state = GateState(settings=settings, started_at=0.0, deadline_s=PARITY_TIMEOUT_S, expected_ranks=1, token=token)
     for message in res.stdout.splitlines():
         feed_line(state, message, 0.0, reporter)
     state.conclude(0.0)
@@ -529,6 +638,7 @@ def _manifest_for(src: Path) -> Manifest:
     return make_manifest(src)
 
 
+@interruptible
 def deploy(
     host: HostConfig,
     src: Path,
@@ -576,12 +686,14 @@ def deploy(
             return finish("PLANNED", "dry run: nothing changed")
 
         owner = LockOwner.mine(f"{command} {manifest.id}")
-        with timer.timed(rep, "lock") as note:
-            stale = hs.acquire_lock(session.r, layout, owner, host.name)
-            if stale:
-                note["detail"] = f"took over a stale lock from before a reboot: {stale}"
-        switched = restarted = False
+        switched = restarted = locked = False
+        lease: LeaseKeeper | None = None
         try:
+            with timer.timed(rep, "lock") as note:
+                # Inside the try: a reply lost after the remote mkdir still ends in the release below.
+                note["detail"] = _take_lock(session, host, owner, rep)
+                locked = True
+                lease = LeaseKeeper(host, owner, connect)
             hs.ensure_layout(session.r, layout, adopted=False)
             hs.append_history(
                 session.r,
@@ -658,8 +770,8 @@ def deploy(
                     f"current switched; the running service picks it up at the next `opsctl restart {host.name}`",
                 )
             with timer.timed(rep, "restart") as note:
+                restarted = True  # from here the new release may be running, whatever the reply says
                 mark = restart_unit(session.r, host)
-                restarted = True
             with timer.timed(rep, "gate") as note:
                 gate = run_gate(session, host, mark, rep, deadline_s=opts.gate_timeout_s)
                 note["detail"] = f"{gate.verdict}: {gate.reason}"
@@ -684,20 +796,11 @@ def deploy(
                     note["detail"] = f"removed {', '.join(removed)}" if removed else "nothing to remove"
                 return finish("PASS", gate.reason)
             if gate.verdict is Verdict.ERROR:
-                # Could not look: never a pass. Roll back if the host answers again; else say exactly where it stands.
-                try:
-                    _rollback_after_failure(session, host, layout, snap, manifest.id, opts, rep, timer, result)
-                    hs.append_history(
-                        session.r,
-                        layout,
-                        {"event": "deploy", "release": manifest.id, "verdict": "ERROR", "gate": gate.summary()},
-                    )
-                except SshError as e:
-                    raise DeployFailed(
-                        f"gate ERROR ({gate.reason}) and the host is still unreachable ({e.message}): release "
-                        f"{manifest.id} is current and running but NOT verified; the deploy lock stays on the host. When "
-                        f"it answers: opsctl status {host.name}, then opsctl rollback {host.name} (or restart to re-gate)"
-                    ) from e
+                # Could not look: never a pass. Go back to the old release (and gate it) once the host answers.
+                _restore_after_cut(
+                    session, host, layout, snap, manifest.id, opts, rep, timer, result,
+                    restarted=True, verdict="ERROR", reason=f"gate ERROR: {gate.reason}", gate=gate.summary(),
+                )
                 return finish("ERROR", gate.reason)
             # Gate said no: the new release is bad; go back.
             hs.mark_bad(session.r, layout, manifest.id, f"gate {gate.verdict}: {gate.reason}")
@@ -714,31 +817,31 @@ def deploy(
             )
             _rollback_after_failure(session, host, layout, snap, manifest.id, opts, rep, timer, result)
             return finish(str(gate.verdict), gate.reason)
-        except KeyboardInterrupt:
-            rep.info("interrupted: restoring a consistent state")
-            with contextlib.suppress(Exception):
-                if switched and snap.current:
-                    hs.switch_current(session.r, layout, snap.current)
-                    _install_unit_for(session.r, host, layout, snap.current)
-                    if restarted:
-                        session.r.run(
-                            ["systemctl", "restart", host.unit + ".service"], timeout=host.service.start_timeout_s
-                        )
-                    result.current_after = snap.current
-                hs.append_history(
-                    session.r,
-                    layout,
-                    {
-                        "event": "deploy",
-                        "release": manifest.id,
-                        "verdict": "INTERRUPTED",
-                        "current": result.current_after,
-                    },
-                )
+        except KeyboardInterrupt as e:
+            if not locked:
+                raise
+            with signals_held(rep):
+                rep.info(f"{_interruption(e)}: restoring a consistent state; further signals wait until it is done")
+                with contextlib.suppress(OpsError):
+                    _restore_after_cut(
+                        session, host, layout, snap, manifest.id, opts, rep, timer, result,
+                        restarted=restarted, switched=switched, verdict="INTERRUPTED", reason=_interruption(e),
+                        bad=False,
+                    )
             raise
         except OpsError as e:
+            if not locked:
+                raise
+            if restarted:
+                # The restart or the gate broke off (SSH drop, timeout): the new release may be running unverified
+                # while nothing vouches for it. Never leave it so: back to the old release, restarted and gated.
+                _restore_after_cut(
+                    session, host, layout, snap, manifest.id, opts, rep, timer, result,
+                    restarted=True, verdict="ERROR", reason=f"restart/gate broke off: {e.message}",
+                )
+                return finish("ERROR", f"{e.message}; the previous release was restored")
             with contextlib.suppress(Exception):
-                if switched and snap.current and not restarted:
+                if switched and snap.current:
                     hs.switch_current(session.r, layout, snap.current)  # unit never restarted: switch back quietly
                     _install_unit_for(session.r, host, layout, snap.current)
                     result.current_after = snap.current
@@ -749,8 +852,57 @@ def deploy(
                 )
             raise
         finally:
-            with contextlib.suppress(Exception):
+            if lease is not None:
+                lease.stop()
+            with signals_held(rep), contextlib.suppress(Exception):
                 session.call(lambda r: hs.release_lock(r, layout, owner))
+
+
+def _interruption(e: BaseException) -> str:
+    return f"interrupted by {e.signal_name}" if isinstance(e, Interrupted) else "interrupted"
+
+
+def _restore_after_cut(
+    session: Session,
+    host: HostConfig,
+    layout: Layout,
+    snap: HostSnapshot,
+    failed: str,
+    opts: DeployOptions,
+    rep: Reporter,
+    timer: StepTimer,
+    result: DeployResult,
+    *,
+    restarted: bool,
+    verdict: str,
+    reason: str,
+    switched: bool = True,
+    bad: bool = True,
+    gate: dict[str, Any] | None = None,
+) -> None:
+    """Bring the host back to exactly one release that is current and running after the deploy stopped half-way:
+    before the restart, ``current`` quietly points back; after it (or when it may have happened), the old
+    release is switched back, restarted and gated. The history says what happened; each remote step is retried
+    across SSH drops. When the host stays unreachable, DeployFailed says where it stands."""
+    try:
+        if bad:
+            session.call(lambda r: hs.mark_bad(r, layout, failed, reason))
+        record: dict[str, Any] = {"event": "deploy", "release": failed, "verdict": verdict, "reason": reason}
+        if gate is not None:
+            record["gate"] = gate
+        session.call(lambda r: hs.append_history(r, layout, {**record, "previous": snap.current}))
+        if restarted:
+            _rollback_after_failure(session, host, layout, snap, failed, opts, rep, timer, result)
+        elif switched and snap.current:
+            session.call(lambda r: hs.switch_current(r, layout, snap.current))  # type: ignore[arg-type]
+            session.call(lambda r: _install_unit_for(r, host, layout, snap.current))  # type: ignore[arg-type]
+            result.current_after = snap.current
+    except SshError as e:
+        raise DeployFailed(
+            f"{reason}, and restoring the previous release failed ({e.message}): release {failed} may be running NOT "
+            f"verified. The deploy lock's lease expires by itself. When the host answers: opsctl status {host.name}, "
+            f"then opsctl rollback {host.name} (or opsctl restart {host.name} to gate what runs)"
+        ) from e
 
 
 def _rollback_after_failure(
@@ -771,44 +923,47 @@ def _rollback_after_failure(
         result.rolled_back_to, result.rollback_verdict = None, "unit stopped"
         return
     with timer.timed(rep, "rollback", f"current -> {target}") as note:
-        hs.switch_current(session.r, layout, target)
-        _install_unit_for(session.r, host, layout, target)
+        session.call(lambda r: hs.switch_current(r, layout, target))
+        session.call(lambda r: _install_unit_for(r, host, layout, target))
         result.current_after = target
-        mark = restart_unit(session.r, host)
+        mark = session.call(lambda r: restart_unit(r, host))
         note["detail"] = "restarted"
     with timer.timed(rep, "gate (rollback)") as note:
         # The release we go back to gets the host's full deadline, not a --gate-timeout meant for the new one.
         gate = run_gate(session, host, mark, rep, deadline_s=max(opts.gate_timeout_s or 0.0, host.gate.deadline_s))
         note["detail"] = f"{gate.verdict}: {gate.reason}"
     result.rolled_back_to, result.rollback_verdict = target, str(gate.verdict)
-    hs.append_history(
-        session.r,
-        layout,
-        {
-            "event": "rollback",
-            "release": target,
-            "from": failed,
-            "verdict": str(gate.verdict),
-            "gate": gate.summary(),
-            "automatic": True,
-        },
-    )
+    record = {
+        "event": "rollback",
+        "release": target,
+        "from": failed,
+        "verdict": str(gate.verdict),
+        "gate": gate.summary(),
+        "automatic": True,
+    }
+    session.call(lambda r: hs.append_history(r, layout, record))
     if gate.verdict is Verdict.PASS:
-        hs.set_last_good(session.r, layout, target)
+        session.call(lambda r: hs.set_last_good(r, layout, target))
 
 
 # ------------------------------------------------------------------------------------------------ restart / rollback
 
 
 @contextlib.contextmanager
-def _locked(session: Session, host: HostConfig, command: str) -> Iterator[LockOwner]:
+def _locked(session: Session, host: HostConfig, command: str, rep: Reporter, connect: Connect) -> Iterator[LockOwner]:
+    """The deploy lock for a restart/rollback: taken inside the try (a lost reply cannot leak it), its lease
+    renewed while held, released (if still ours) whatever happens, with further signals held meanwhile."""
     layout = Layout(host.root)
     owner = LockOwner.mine(command)
-    hs.acquire_lock(session.r, layout, owner, host.name)
+    lease: LeaseKeeper | None = None
     try:
+        _take_lock(session, host, owner, rep)
+        lease = LeaseKeeper(host, owner, connect)
         yield owner
     finally:
-        with contextlib.suppress(Exception):
+        if lease is not None:
+            lease.stop()
+        with signals_held(rep), contextlib.suppress(Exception):
             session.call(lambda r: hs.release_lock(r, layout, owner))
 
 
@@ -819,6 +974,7 @@ def _require_managed(snap: HostSnapshot, host: HostConfig) -> None:
         )
 
 
+@interruptible
 def restart(
     host: HostConfig,
     reporter: Reporter | None = None,
@@ -846,7 +1002,7 @@ def restart(
             step_times=timer.times,
             current_after=snap.current,
         )
-        with _locked(session, host, f"restart {snap.current}"):
+        with _locked(session, host, f"restart {snap.current}", rep, connect):
             with timer.timed(rep, "restart"):
                 mark = restart_unit(session.r, host)
             with timer.timed(rep, "gate") as note:
@@ -892,6 +1048,7 @@ def _with_current(snap: HostSnapshot, current: str) -> HostSnapshot:
     return replace(snap, current=current)
 
 
+@interruptible
 def rollback(
     host: HostConfig,
     reporter: Reporter | None = None,
@@ -917,7 +1074,7 @@ def rollback(
         result = DeployResult(
             host=host.name, action="rollback", release=target, verdict="ERROR", step_times=timer.times
         )
-        with _locked(session, host, f"rollback {target}"):
+        with _locked(session, host, f"rollback {target}", rep, connect):
             with timer.timed(rep, "switch", f"current -> {target}"):
                 hs.switch_current(session.r, layout, target)
                 result.current_after = target
@@ -1007,7 +1164,7 @@ def adopt(host: HostConfig, reporter: Reporter | None = None, *, connect: Connec
                 f"{len(files)} files ({size_mb} MB), unit {snap.unit.fragment_path or 'absent'} -> release {rid}"
             )
         hs.ensure_layout(r, layout, adopted=True)
-        with _locked(session, host, f"adopt {rid}"):
+        with _locked(session, host, f"adopt {rid}", rep, connect):
             with timer.timed(rep, "record", layout.release(rid)) as note:
                 rel = layout.release(rid)
                 r.run(["mkdir", "-p", f"{rel}/files"], timeout=60)

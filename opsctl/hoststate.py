@@ -137,11 +137,23 @@ class HostSnapshot:
     boot_id: str = ""
     lock_boot_id: str = ""
     bad_reasons: dict[str, str] = field(default_factory=dict)  # bad release -> why it was marked (its mark's reason)
+    lock_expires_at: float | None = None  # host epoch seconds: the lock's lease, renewed by the run holding it
 
     @property
     def lock_stale(self) -> bool:
-        """A lock taken during an earlier boot: its holder's commands died with that boot."""
-        return self.lock_present and bool(self.lock_boot_id) and self.lock_boot_id != self.boot_id
+        """A lock that may be taken over: taken during an earlier boot (its holder's commands died with that boot),
+        or whose lease ran out (its holder stopped renewing it: killed, or cut off for longer than the lease)."""
+        if not self.lock_present:
+            return False
+        rebooted = bool(self.lock_boot_id) and self.lock_boot_id != self.boot_id
+        return rebooted or (self.lock_remaining_s is not None and self.lock_remaining_s <= 0)
+
+    @property
+    def lock_remaining_s(self) -> float | None:
+        """Seconds left on the lock's lease (negative: expired; None: no lease recorded)."""
+        if not self.lock_present or self.lock_expires_at is None or not self.now:
+            return None
+        return self.lock_expires_at - self.now
 
     @property
     def is_managed(self) -> bool:
@@ -162,7 +174,7 @@ echo "current=$(readlink "$R/current" 2>/dev/null)"
 for d in "$R"/releases/*/; do [ -d "$d" ] && echo "release=$(stat -c %Y "$d") $(basename "$d")"; done
 for f in "$R"/state/bad/*; do [ -f "$f" ] && echo "bad=$(basename "$f") $(head -c 800 "$f" | tr -d '\\n')"; done
 echo "last_good=$(cat "$R/state/last-good" 2>/dev/null)"
-if [ -d "$R/state/lock" ]; then echo "lock_present=1"; echo "lock=$(cat "$R/state/lock/owner.json" 2>/dev/null | tr -d '\\n')"; echo "lock_boot=$(cat "$R/state/lock/boot_id" 2>/dev/null)"; fi
+if [ -d "$R/state/lock" ]; then echo "lock_present=1"; echo "lock=$(cat "$R/state/lock/owner.json" 2>/dev/null | tr -d '\\n')"; echo "lock_boot=$(cat "$R/state/lock/boot_id" 2>/dev/null)"; echo "lock_lease=$(cat "$R/state/lock/lease" 2>/dev/null || echo $(( $(stat -c %Y "$R/state/lock") + {int(UNLEASED_LOCK_S)} )))"; fi
 echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
 if [ -d "$R" ]; then for e in "$R"/*; do [ -e "$e" ] && echo "entry=$(basename "$e")"; done; fi
 P="$R"; while [ ! -d "$P" ]; do P=$(dirname "$P"); done
@@ -181,6 +193,13 @@ def _json_or_none(text: str) -> dict[str, Any] | None:
     except ValueError:
         return {"unreadable": text[:200]}
     return value if isinstance(value, dict) else {"unreadable": text[:200]}
+
+
+def _float_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def parse_snapshot(stdout: str) -> HostSnapshot:
@@ -239,6 +258,7 @@ def parse_snapshot(stdout: str) -> HostSnapshot:
         other_root_entries=tuple(e for e in entries if e not in ("releases", "state", "current")),
         boot_id=kv.get("boot_id", ""),
         lock_boot_id=kv.get("lock_boot", ""),
+        lock_expires_at=_float_or_none(kv.get("lock_lease", "")),
         bad_reasons=bad_reasons,
     )
 
@@ -306,31 +326,66 @@ def describe_owner(owner: dict[str, Any] | None) -> str:
     return f"{owner.get('user', '?')}@{owner.get('client', '?')} pid {owner.get('pid', '?')} since {owner.get('since', '?')} ({owner.get('command', '?')})"
 
 
-def acquire_lock(r: Remote, layout: Layout, owner: LockOwner, host_name: str) -> str | None:
-    """Take the deploy lock (atomic mkdir). A lock left from an earlier boot of the host (its holder's commands
-    died with that boot) is taken over; returns the stale owner's description then."""
+LOCK_LEASE_S = 120.0  # a lock's lease; the run holding it renews it every third of that (LeaseKeeper)
+# A lock directory without a lease file (its taker died between mkdir and writing it) expires this long after
+# the directory was made.
+UNLEASED_LOCK_S = 60.0
+
+
+def acquire_lock(
+    r: Remote, layout: Layout, owner: LockOwner, host_name: str, lease_s: float = LOCK_LEASE_S
+) -> str | None:
+    """Take the deploy lock (atomic mkdir) with a lease of ``lease_s`` seconds (host clock).
+
+    Idempotent for its owner: when the reply to an earlier attempt was lost, the retry finds its own token and
+    succeeds. A lock from an earlier boot of the host, or whose lease ran out, is taken over; the old owner's
+    description is returned then (for a warning). A lock held by a live lease raises ``LockHeld``."""
     lock, state = shlex.quote(layout.lock), shlex.quote(layout.state)
     owner_file = shlex.quote(f"{layout.lock}/owner.json")
     boot_file = shlex.quote(f"{layout.lock}/boot_id")
-    take = f"printf '%s\\n' {shlex.quote(owner.to_json())} > {owner_file} && cp /proc/sys/kernel/random/boot_id {boot_file}"
+    lease_file = shlex.quote(f"{layout.lock}/lease")
+    token = shlex.quote(owner.token)
+    take = (
+        f"printf '%s\\n' {shlex.quote(owner.to_json())} > {owner_file} && cp /proc/sys/kernel/random/boot_id {boot_file} "
+        f"&& echo $(( $(date +%s) + {int(lease_s)} )) > {lease_file}"
+    )
     cmd = (
-        f"B=$(cat /proc/sys/kernel/random/boot_id); mkdir -p {state} && "
+        f"B=$(cat /proc/sys/kernel/random/boot_id); NOW=$(date +%s); mkdir -p {state} && "
         f"if mkdir {lock} 2>/dev/null; then {take} && echo ACQUIRED; "
-        f'elif [ -f {boot_file} ] && [ "$(cat {boot_file})" != "$B" ]; then echo STALE; cat {owner_file} 2>/dev/null; echo; '
-        f"rm -rf -- {lock} && mkdir {lock} && {take} && echo ACQUIRED; "
-        f"else echo HELD; cat {owner_file} 2>/dev/null; fi"
+        f"elif grep -qF {token} {owner_file} 2>/dev/null; then {take} && echo ACQUIRED; "
+        f"else L=$(cat {lease_file} 2>/dev/null || echo $(( $(stat -c %Y {lock}) + {int(UNLEASED_LOCK_S)} ))); "
+        f'if [ -f {boot_file} ] && [ "$(cat {boot_file})" != "$B" ]; then W=STALE; '
+        f'elif [ "$NOW" -ge "$L" ] 2>/dev/null; then W=EXPIRED; else W=HELD; fi; '
+        f'if [ "$W" = HELD ]; then echo "HELD $(( L - NOW ))"; cat {owner_file} 2>/dev/null || true; '
+        f'else echo "$W $(( NOW - L ))"; cat {owner_file} 2>/dev/null; echo; rm -rf -- {lock} && mkdir {lock} && {take} && echo ACQUIRED; fi; fi'
     )
     out = r.run(cmd, timeout=60).stdout
     first, _, rest = out.partition("\n")
-    if first.strip() == "ACQUIRED":
+    word, _, figure = first.strip().partition(" ")
+    if word == "ACQUIRED":
         return None
-    if first.strip() == "STALE" and rest.rstrip().endswith("ACQUIRED"):
-        return describe_owner(_json_or_none(rest.strip().splitlines()[0] if rest.strip() else ""))
+    if word in ("STALE", "EXPIRED") and rest.rstrip().endswith("ACQUIRED"):
+        old = describe_owner(_json_or_none(rest.strip().splitlines()[0] if rest.strip() else ""))
+        why = "from before a reboot" if word == "STALE" else f"whose lease ran out {figure}s ago"
+        return f"{old} ({why})"
     who = describe_owner(_json_or_none(rest.strip()))
+    left = f", lease {figure}s left" if word == "HELD" and figure.lstrip("-").isdigit() else ""
     raise LockHeld(
-        f"{host_name}: the deploy lock {layout.lock} is held by {who}. Wait for it, or if that run is gone: "
+        f"{host_name}: the deploy lock {layout.lock} is held by {who}{left}. Wait for it, or if that run is gone: "
         f"opsctl lock {host_name} release --force"
     )
+
+
+def renew_lock(r: Remote, layout: Layout, owner: LockOwner, lease_s: float = LOCK_LEASE_S) -> bool:
+    """Extend our lease (only while the lock is still ours). False when it is not ours any more."""
+    owner_file = shlex.quote(f"{layout.lock}/owner.json")
+    lease_file = shlex.quote(f"{layout.lock}/lease")
+    out = r.run(
+        f"if grep -qF {shlex.quote(owner.token)} {owner_file} 2>/dev/null; then "
+        f"echo $(( $(date +%s) + {int(lease_s)} )) > {lease_file} && echo RENEWED; fi",
+        timeout=60,
+    )
+    return "RENEWED" in out.stdout
 
 
 def release_lock(r: Remote, layout: Layout, owner: LockOwner | None) -> bool:

@@ -81,3 +81,59 @@ def test_remove_releases_only_under_root(root: hs.Layout) -> None:
     assert not os.path.exists(root.release(A))
     with pytest.raises(DeployFailed):
         hs.remove_releases(r, root, ["../../etc"])
+
+
+def _lease(root: hs.Layout) -> float:
+    return float(Path(root.lock, "lease").read_text())
+
+
+def test_lock_is_a_lease_shown_by_the_snapshot(root: hs.Layout) -> None:
+    r = LocalRemote()
+    owner = hs.LockOwner.mine("deploy r00000000000a")
+    assert hs.acquire_lock(r, root, owner, "tb1", lease_s=120) is None
+    snap = hs.read_snapshot(r, root.root, "nonexistent-unit-xyz")
+    assert snap.lock_present and not snap.lock_stale
+    assert snap.lock_remaining_s is not None and 110 <= snap.lock_remaining_s <= 120
+    before = _lease(root)
+    Path(root.lock, "lease").write_text(f"{int(before) - 100}\n")
+    assert hs.renew_lock(r, root, owner, lease_s=300)
+    assert _lease(root) >= before + 170
+    other = hs.LockOwner.mine("deploy r00000000000b")
+    assert not hs.renew_lock(r, root, other)  # only the holder renews
+
+
+def test_a_retry_after_a_lost_reply_finds_its_own_lock(root: hs.Layout) -> None:
+    """The reply to the remote mkdir was lost: retrying the same acquire must succeed, not report it held."""
+    r = LocalRemote()
+    owner = hs.LockOwner.mine("deploy r00000000000a")
+    assert hs.acquire_lock(r, root, owner, "tb1") is None
+    assert hs.acquire_lock(r, root, owner, "tb1") is None  # the retry
+    assert hs.release_lock(r, root, owner) and not os.path.exists(root.lock)
+
+
+def test_an_expired_lease_is_taken_over_naming_the_old_owner(root: hs.Layout) -> None:
+    r = LocalRemote()
+    old = hs.LockOwner.mine("deploy r00000000000a")
+    hs.acquire_lock(r, root, old, "tb1", lease_s=120)
+    new = hs.LockOwner.mine("deploy r00000000000b")
+    with pytest.raises(LockHeld, match=r"lease 1[012]\ds left"):
+        hs.acquire_lock(r, root, new, "tb1")
+    Path(root.lock, "lease").write_text(f"{int(_lease(root)) - 130}\n")  # its holder stopped renewing 10 s ago
+    assert hs.read_snapshot(r, root.root, "nonexistent-unit-xyz").lock_stale
+    taken = hs.acquire_lock(r, root, new, "tb1")
+    assert taken is not None and "deploy r00000000000a" in taken and "lease ran out" in taken
+    assert new.token in Path(root.lock, "owner.json").read_text()
+    assert not hs.release_lock(r, root, old)  # the old run, if it comes back, cannot free the new lock
+    assert hs.release_lock(r, root, new)
+
+
+def test_a_lock_without_a_lease_file_expires_a_minute_after_it_was_made(root: hs.Layout) -> None:
+    r = LocalRemote()
+    hs.ensure_layout(r, root, adopted=False)
+    os.makedirs(root.lock)  # its taker died between mkdir and writing anything
+    new = hs.LockOwner.mine("deploy r00000000000b")
+    with pytest.raises(LockHeld):
+        hs.acquire_lock(r, root, new, "tb1")
+    old = os.stat(root.lock).st_mtime - 3600
+    os.utime(root.lock, (old, old))
+    assert hs.acquire_lock(r, root, new, "tb1") is not None
