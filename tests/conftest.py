@@ -8,7 +8,8 @@ Testbed tests (booted Debian hosts, see opsctl/testbed.py):
         ...
         opsctl.testbed.poweroff("tb1"); opsctl.testbed.boot("tb1")   # fault injection, also stop_sshd/fill_disk
 
-A test that uses the ``testbed`` fixture is marked ``testbed`` automatically (select with ``-m testbed``).
+A test that uses the ``testbed`` or ``testbed_handle`` fixture (even through another fixture, as the fault tests do)
+is marked ``testbed`` automatically (select with ``-m testbed``, leave out with ``-m "not testbed"``).
 Without root or the tools, such tests are skipped on a dev machine but FAIL in CI (CI=true) or as root: a CI
 that silently skipped them would prove nothing.
 Hosts: ``local`` and ``tb1..tbN`` (N = $OPSCTL_TESTBED_HOSTS, default 2); groups ``testbed`` and ``fleet``.
@@ -96,7 +97,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, A
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "testbed" in getattr(item, "fixturenames", ()):
+        if {"testbed", "testbed_handle"} & set(getattr(item, "fixturenames", ())):  # also fault tests' hosts
             item.add_marker(pytest.mark.testbed)
 
 
