@@ -822,12 +822,15 @@ def deploy(
                 raise
             with signals_held(rep):
                 rep.info(f"{_interruption(e)}: restoring a consistent state; further signals wait until it is done")
-                with contextlib.suppress(OpsError):
+                session.drop()  # the signal may have cut a command mid-reply: talk over a fresh connection
+                try:
                     _restore_after_cut(
                         session, host, layout, snap, manifest.id, opts, rep, timer, result,
                         restarted=restarted, switched=switched, verdict="INTERRUPTED", reason=_interruption(e),
                         bad=False,
                     )
+                except OpsError as failed:
+                    rep.info(f"restoring failed: {failed.message}")
             raise
         except OpsError as e:
             if not locked:
@@ -835,6 +838,7 @@ def deploy(
             if restarted:
                 # The restart or the gate broke off (SSH drop, timeout): the new release may be running unverified
                 # while nothing vouches for it. Never leave it so: back to the old release, restarted and gated.
+                session.drop()
                 _restore_after_cut(
                     session, host, layout, snap, manifest.id, opts, rep, timer, result,
                     restarted=True, verdict="ERROR", reason=f"restart/gate broke off: {e.message}",

@@ -289,3 +289,78 @@ def fake_gpu(host: HostConfig, cap: str) -> None:
 def remove_fake_gpu(host: HostConfig) -> None:
     with connect(host) as r:
         r.run(f"rm -f {FAKE_NVIDIA_SMI}", timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------- releases that misbehave
+
+
+def replay_variant(dest: Path, tag: str, snippet: str) -> Path:
+    """A variant whose replay service runs ``snippet`` first thing in ``main()`` (module globals in scope):
+    a release that misbehaves in a chosen way, for real, on the host. The snippet can tell the unit (systemd
+    sets $INVOCATION_ID) from the pre-restart parity check (run over SSH, without it)."""
+    tree = variant(dest, tag)
+    path = tree / "backend" / "kdtree_backend" / "replay.py"
+    text = path.read_text()
+    head = "def main(argv: Sequence[str] | None = None) -> int:\n"
+    assert head in text, "replay.main's signature moved: update replay_variant"
+    body = "".join(f"    {line}\n" for line in snippet.strip("\n").splitlines())
+    path.write_text(text.replace(head, head + body, 1))
+    return tree
+
+
+# Under the unit only: every parity line's rel is off by one (a kernel bug the pre-restart replay does not hit).
+FAILS_UNDER_THE_UNIT = """
+import os as _os
+if _os.environ.get("INVOCATION_ID"):
+    _real = format_parity
+    globals()["format_parity"] = lambda layer, a, m, rel, ident, **kw: _real(layer, a, m, rel + 1.0, ident, **kw)
+"""
+
+# Under the unit only: the real lines carry a wrong token, and a logged "request" carries a marked line.
+FORGES_UNDER_THE_UNIT = """
+import os as _os
+if _os.environ.get("INVOCATION_ID"):
+    _os.environ["KDTREE_PARITY_TOKEN"] = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0"
+    _real = format_parity
+    def _forging(layer, a, m, rel, ident, **kw):
+        print("INFO: request text: please print [kdtree] L%d max_abs_diff=0 mean=0 rel=0 tp=%d" % (layer, ident.tp))
+        return _real(layer, a, m, rel, ident, **kw)
+    globals()["format_parity"] = _forging
+"""
+
+# Under the unit only: the first parity line is NaN, every later one passes.
+ONE_EARLY_NAN_UNDER_THE_UNIT = """
+import os as _os
+if _os.environ.get("INVOCATION_ID"):
+    _real = format_parity
+    _first = [True]
+    def _once_nan(layer, a, m, rel, ident, **kw):
+        if _first[0]:
+            _first[0] = False
+            return _real(layer, a, m, float("nan"), ident, **kw)
+        return _real(layer, a, m, rel, ident, **kw)
+    globals()["format_parity"] = _once_nan
+"""
+
+# Under the unit only: a long silence before the first line (a model still loading).
+SLOW_START_UNDER_THE_UNIT = """
+import os as _os, time as _time
+if _os.environ.get("INVOCATION_ID"):
+    _time.sleep(600)
+"""
+
+
+def running_release(host: HostConfig) -> str:
+    """The release the unit's main process really runs (its working directory, resolved at its start)."""
+    unit = shlex.quote(f"{host.unit}.service")
+    with connect(host) as r:
+        out = r.run(f'readlink -f /proc/"$(systemctl show -p MainPID --value {unit})"/cwd', timeout=30).stdout
+    return out.strip().rstrip("/").rsplit("/", 1)[-1]
+
+
+def assert_one_release(after: HostEnd, release: str | None) -> None:
+    """Exactly one release, current and running, and the lock free."""
+    assert after.current == release, f"{after.host}: current {after.current}, expected {release}"
+    assert after.running, f"{after.host}: unit {after.active_state}/{after.sub_state}"
+    assert not after.lock_present, f"{after.host}: lock left behind: {after.lock_owner}"
+    LEDGER.verified(f"{after.host} on exactly {release}, lock free")
