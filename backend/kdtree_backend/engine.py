@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .capture import Capturer
 from .config import ParityConfig
 from .lines import OncePer, ParityIdentity, emit, format_parity
 from .marshal import verify_keys_capacity
@@ -63,9 +64,13 @@ class VerifyEngine:
         v_head_dim: int = 512,
         sink: Callable[[str], None] = emit,
         identity: ParityIdentity | None = None,
+        capturer: Capturer | None = None,
     ) -> None:
         self.q_len = q_len
         self.identity = identity or ParityIdentity.from_env()
+        # Capture of real verify calls (docs/capture.md), armed by <root>/state/capture/request.json.
+        self.capturer = capturer or Capturer.from_environment(tp=self.identity.tp)
+        self._capturing = False
         self.heads = heads
         self.parity = parity
         self.use_kernel = use_kernel
@@ -185,6 +190,12 @@ class VerifyEngine:
                 key_lengths(self.meta.key_indptr, self.q_len, self.meta.keys.numel())
         if not capture:
             self._queue_shapes(mask_indptr, bs, kv_buffer_shape)
+            meta = self.meta
+            self._capturing = self.capturer.armed() and self.capturer.begin_step(
+                step=self.step, kv_indptr=kv_indptr, kv_indices=kv_indices, out_cache_loc=out_cache_loc,
+                custom_mask=custom_mask, mask_indptr=mask_indptr, qo_indptr=qo_indptr, key_indptr=meta.key_indptr,
+                keys=meta.keys, draft_mask=meta.draft_mask, bs=bs, q_len=self.q_len, graph=graph,
+            )  # fmt: skip
 
     def _queue_shapes(self, mask_indptr: torch.Tensor, bs: int, kv_buffer_shape: Sequence[int] | None) -> None:
         meta = self.meta
@@ -252,6 +263,8 @@ class VerifyEngine:
             v_scale=v_scale,
             validate=False,  # checked once per step in prepare() (eager); the kernel guards graph replays
         )
+        if self._capturing and self.capturer.wants(layer_id):
+            self.capturer.record(layer_id, q, kv_buffer, out, sm_scale, k_scale=k_scale, v_scale=v_scale)
         if triton_reference is None or not self.parity.enabled or layer_id not in self.parity.layers:
             return out
         if buffers is not None:

@@ -7,7 +7,9 @@ Needs only torch and this release's ``kernel/`` and ``backend/`` packages (no SG
 is the kernel (the reference, with a ``fallback`` line, when the extension is not built); on CPU it is the
 reference. Used as the unit's program on testbed hosts (``--steps 0``: forever, SIGTERM ends it cleanly) and as
 the pre-restart parity check on GPU hosts (``--steps N --threshold REL``: exit 0 when every parity line is
-within the threshold, 3 otherwise).
+within the threshold, 3 otherwise). ``--captures DIR`` replays stored captures of real verify calls instead
+(:mod:`kdtree_backend.replay_captures`, docs/capture.md); the service itself captures when armed
+(:mod:`kdtree_backend.capture`), as the server does.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 import torch
 
 from .batch import dense_verify_attention, make_verify_batch
+from .capture import Capturer
 from .config import ConfigError, ReplayConfig, load_config
 from .lines import OncePer, ParityIdentity, emit, format_fallback, format_parity
 from .verify import attend, kernel_usable, marshal_verify, parity_stats, shapes_line, shapes_signature
@@ -117,6 +121,14 @@ def build_parser(defaults: ReplayConfig) -> argparse.ArgumentParser:
         default=None,
         help="with --steps N: exit 0 if every parity rel <= REL, else exit 3 (pre-restart parity check)",
     )
+    parser.add_argument(
+        "--captures",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="replay the stored captures under DIR (<root>/state/capture, one capture, or one call) with this "
+        "release and print one parity line per call; with --threshold, exit 3 when one exceeds it",
+    )
     return parser
 
 
@@ -164,6 +176,12 @@ class ReplayService:
         self.shapes_once = OncePer()
         self.outcome = ReplayOutcome()
         self.identities = [ParityIdentity.from_env(tp=rank) for rank in range(settings.tp_size)]
+        # The service (--steps 0) captures when armed, one capturer per rank it stands in for; a one-shot check
+        # run from a new release never does.
+        self.capturers = [
+            Capturer.from_environment(tp=rank) if settings.steps == 0 else Capturer(None, release="", tp=rank)
+            for rank in range(settings.tp_size)
+        ]
 
     def step(self, index: int) -> None:
         for identity in self.identities:
@@ -188,9 +206,17 @@ class ReplayService:
             batch.kv_indptr, batch.kv_indices, batch.out_cache_loc, batch.custom_mask, batch.mask_indptr, s.q_len
         )
         check = index % s.every_n_steps == 0
+        capturer = self.capturers[identity.tp]
+        capturing = capturer.armed() and capturer.begin_step(
+            step=index, kv_indptr=batch.kv_indptr, kv_indices=batch.kv_indices, out_cache_loc=batch.out_cache_loc,
+            custom_mask=batch.custom_mask, mask_indptr=batch.mask_indptr, qo_indptr=batch.qo_indptr,
+            key_indptr=meta.key_indptr, keys=meta.keys, draft_mask=meta.draft_mask, bs=s.bs, q_len=s.q_len,
+        )  # fmt: skip
         for layer in s.layers:
             q, kv_buffer = batch.q[layer], batch.kv_buffers[layer]
             out = attend(q, kv_buffer, meta, batch.qo_indptr, batch.sm_scale, use_kernel=self.use_kernel)
+            if capturing and capturer.wants(layer):
+                capturer.record(layer, q, kv_buffer, out, batch.sm_scale)
             signature = shapes_signature(q, kv_buffer, s.bs, s.q_len, batch.sm_scale)
             self.shapes_once(
                 signature,
@@ -242,6 +268,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kdtree-replay: bad configuration: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     args = build_parser(config.replay).parse_args(argv)
+    if args.captures is not None:
+        from .replay_captures import run_cli
+
+        try:
+            return run_cli(args.captures, resolve_device(args.device), args.threshold)
+        except ValueError as exc:
+            print(f"kdtree-replay: {exc}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
     try:
         settings = settings_from_args(args)
     except ValueError as exc:
