@@ -18,7 +18,9 @@ from .parity_check import ParityCheck, check_journal
 
 STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "IGNORED": "dim", "NODATA": "red"}
 
-parity_app = typer.Typer(help="Parity lines outside a deploy: check a journal offline.", no_args_is_help=True)
+parity_app = typer.Typer(
+    help="Parity lines outside a deploy: check a journal offline, replay stored captures.", no_args_is_help=True
+)
 
 
 def _read(source: str) -> list[str]:
@@ -104,6 +106,22 @@ def check(
         _print(result)
     if not result.state.verdict.ok:
         raise typer.Exit(code=31)
+
+
+@parity_app.command("replay")
+@common.bounded
+def replay(
+    host: common.HostArg = None,
+    release: Annotated[
+        str, typer.Option("--release", help="Release id on the host (opsctl releases HOST), or 'current'.")
+    ] = "current",
+    json_out: common.JsonOption = False,
+) -> None:
+    """Replay the captures stored on HOST (opsctl capture) with release R there, without deploying; judge the lines
+    with the gate's rules. Exit 0 only on PASS (docs/capture.md)."""
+    from .cli_capture import parity_replay
+
+    parity_replay(host, release, json_out)
 
 
 def register(app: typer.Typer) -> None:

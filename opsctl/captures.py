@@ -1,0 +1,584 @@
+"""Captures of real verify calls on a host (docs/capture.md): arm, wait, list, prune, and the capture replay.
+
+The backend (``kdtree_backend.capture``) does the capturing; opsctl only writes its request file, reads what it
+stored, removes old captures and runs ``python -m kdtree_backend.replay --captures`` with a chosen release:
+
+    <root>/state/capture/request.json     written here (0600), read by every TP rank of the service
+    <root>/state/capture/<id>/...         written by the service (0700 dirs, 0600 files); removed by prune
+
+Pure parts (request documents, listing parser, prune plan, the replay command line and its judgement) are
+separate from the SSH calls (:func:`arm`, :func:`read_listing`, :func:`wait_for`, :func:`prune`), which take a
+connected remote (``opsctl.ssh.connect(host)``).
+
+Deploy integration: :func:`replay_command` is the remote command line of the capture replay for a release
+directory, :func:`judge_replay` judges its output with the gate's parser and rules.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import secrets
+import shlex
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import OpsError, UsageError
+from .gate import GateState, Judgement, LineVerdict, Verdict, judge
+from .inventory import HostConfig
+
+CAPTURE_SUBDIR = "state/capture"
+REQUEST_FILE = "request.json"
+FORMAT = "kdtree-capture/1"
+ID_RE = re.compile(r"c\d{8}T\d{6}Z-[0-9a-f]{6}")  # the backend accepts exactly these
+TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{8,128}")  # what kdtree_backend.lines accepts as a parity token
+SUMMARY_RE = re.compile(r"^kdtree-replay: captures=(\d+) damaged=(\d+)\b")
+MAX_STEPS = 64
+DEFAULT_LAYERS = (0, 30, 60)
+DEFAULT_STEPS = 1
+DEFAULT_MAX_MB = 1024  # for the whole capture; each TP rank gets its share
+DEFAULT_TTL_S = 600  # an armed request the service has not finished by then is void
+DEFAULT_KEEP = 10
+DEFAULT_KEEP_MB = 8192
+DEFAULT_MAX_AGE_S = 7 * 86400  # captured activations derive from users' prompts: they expire
+EXIT_REPLAY_FAILED = 3  # kdtree_backend.replay_captures: a line over the threshold, or a damaged capture
+REPLAY_TIMEOUT_S = 900.0
+
+
+class CaptureFailed(OpsError):
+    """A capture that stored nothing usable, or did not finish in time; the message says why and what to do."""
+
+    exit_code = 1
+
+
+def capture_dir(host: HostConfig) -> str:
+    return f"{host.root}/{CAPTURE_SUBDIR}"
+
+
+# ---------------------------------------------------------------------------------------------- the request
+
+
+def parse_layers(raw: str) -> tuple[int, ...]:
+    """``0,30,60`` -> (0, 30, 60); sorted, unique, non-negative."""
+    try:
+        layers = {int(x) for x in raw.split(",") if x.strip()}
+    except ValueError:
+        raise UsageError(f"--layers wants comma-separated layer ids like 0,30,60, got {raw!r}") from None
+    if not layers or min(layers) < 0:
+        raise UsageError(f"--layers wants non-negative layer ids like 0,30,60, got {raw!r}")
+    return tuple(sorted(layers))
+
+
+def new_capture_id(now: dt.datetime | None = None, suffix: str | None = None) -> str:
+    now = now or dt.datetime.now(dt.UTC)
+    ident = f"c{now.astimezone(dt.UTC):%Y%m%dT%H%M%SZ}-{suffix or secrets.token_hex(3)}"
+    if not ID_RE.fullmatch(ident):
+        raise ValueError(f"bad capture id {ident!r}")
+    return ident
+
+
+def request_doc(
+    *,
+    capture_id: str,
+    layers: Iterable[int],
+    steps: int,
+    max_mb: float,
+    tp: int,
+    host_now: float,
+    ttl_s: float = DEFAULT_TTL_S,
+    by: str = "",
+) -> dict[str, Any]:
+    """The request file's JSON (kdtree_backend.capture.parse_request reads it). ``max_mb`` is the whole
+    capture's budget, split evenly over the host's ``tp`` ranks (each rank bounds its own share)."""
+    if not ID_RE.fullmatch(capture_id):
+        raise UsageError(f"bad capture id {capture_id!r}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise UsageError(f"--steps must be 1..{MAX_STEPS}, got {steps}")
+    if not max_mb > 0:
+        raise UsageError(f"--max-mb must be > 0, got {max_mb:g}")
+    if not ttl_s > 0:
+        raise UsageError(f"--ttl must be > 0 seconds, got {ttl_s:g}")
+    return {
+        "format": FORMAT,
+        "id": capture_id,
+        "layers": sorted(set(layers)),
+        "steps": steps,
+        "max_bytes": max(1, int(max_mb * 1024 * 1024 / max(tp, 1))),
+        "expires_at": float(host_now) + ttl_s,
+        "requested_at": float(host_now),
+        "requested_by": by[:200],
+    }
+
+
+# ---------------------------------------------------------------------------------------------- listing
+
+# Runs on the host with its python3 (no torch needed): what is stored, as JSON. argv[1] = the capture directory.
+LIST_SCRIPT = r"""
+import json, os, re, sys, time
+root = sys.argv[1]
+out = {"now": time.time(), "dir": root, "request": None, "captures": []}
+def load(p):
+    try:
+        with open(p) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+if os.path.isdir(root):
+    out["request"] = load(os.path.join(root, "request.json"))
+    for name in sorted(os.listdir(root)):
+        d = os.path.join(root, name)
+        if not re.fullmatch(r"c\d{8}T\d{6}Z-[0-9a-f]{6}", name) or not os.path.isdir(d) or os.path.islink(d):
+            continue
+        entry = {"id": name, "mtime": os.lstat(d).st_mtime, "bytes": 0, "calls": [], "done": [], "partial": 0}
+        for sub, dirs, files in os.walk(d):
+            for f in files:
+                try:
+                    entry["bytes"] += os.lstat(os.path.join(sub, f)).st_size
+                except OSError:
+                    pass
+        for child in sorted(os.listdir(d)):
+            p = os.path.join(d, child)
+            if child.startswith("."):
+                entry["partial"] += 1
+            elif child.endswith(".done.json"):
+                doc = load(p)
+                if isinstance(doc, dict):
+                    entry["done"].append(doc)
+            elif os.path.isdir(p):
+                m = load(os.path.join(p, "manifest.json"))
+                if isinstance(m, dict):
+                    keys = ("tp", "layer", "step", "release", "bytes", "captured_at", "bs", "q_len", "heads")
+                    call = {k: m.get(k) for k in keys}
+                    call["name"] = child
+                    entry["calls"].append(call)
+                else:
+                    entry["partial"] += 1
+        out["captures"].append(entry)
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    name: str
+    tp: int
+    layer: int
+    step: int
+    bytes: int
+    release: str
+    captured_at: float
+    bs: int | None = None
+
+
+@dataclass(frozen=True)
+class RankDone:
+    tp: int
+    calls: int
+    bytes: int
+    steps: int
+    reason: str
+    release: str
+    finished_at: float
+    needed: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class CaptureSet:
+    id: str
+    mtime: float
+    bytes: int
+    calls: list[CallInfo] = field(default_factory=list)
+    done: dict[int, RankDone] = field(default_factory=dict)
+    partial: int = 0
+
+    @property
+    def created(self) -> float:
+        """When it was taken: the capture id's UTC timestamp (the directory's mtime when unparsable)."""
+        try:
+            return dt.datetime.strptime(self.id[1:16], "%Y%m%dT%H%M%S").replace(tzinfo=dt.UTC).timestamp()
+        except ValueError:
+            return self.mtime
+
+    @property
+    def releases(self) -> list[str]:
+        return sorted({c.release for c in self.calls} | {d.release for d in self.done.values()})
+
+    def age_s(self, now: float) -> float:
+        return max(0.0, now - self.created)
+
+    def complete(self, ranks: int) -> bool:
+        return all(r in self.done for r in range(ranks))
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "age_s": round(self.age_s(now), 1),
+            "releases": self.releases,
+            "bytes": self.bytes,
+            "calls": len(self.calls),
+            "ranks_done": sorted(self.done),
+            "partial": self.partial,
+            "done": [vars(d) for d in self.done.values()],
+            "layers": sorted({c.layer for c in self.calls}),
+        }
+
+
+@dataclass
+class Listing:
+    now: float  # the host's clock
+    directory: str
+    request: dict[str, Any] | None
+    sets: list[CaptureSet]
+
+    def get(self, capture_id: str) -> CaptureSet | None:
+        return next((s for s in self.sets if s.id == capture_id), None)
+
+    @property
+    def armed_id(self) -> str | None:
+        """The id of the request file while it is still armed (not expired)."""
+        req = self.request
+        if not isinstance(req, dict) or not isinstance(req.get("id"), str):
+            return None
+        expires = req.get("expires_at")
+        if isinstance(expires, int | float) and expires <= self.now:
+            return None
+        return str(req["id"])
+
+
+def _num(doc: Mapping[str, Any], key: str, default: float = 0) -> float:
+    value = doc.get(key, default)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else float(default)
+
+
+def parse_listing(text: str) -> Listing:
+    """The listing script's JSON -> :class:`Listing`. Garbled entries are skipped; garbled JSON is an error."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CaptureFailed(f"the capture listing from the host is not JSON ({exc}): {text.strip()[:200]}") from None
+    if not isinstance(doc, dict):
+        raise CaptureFailed("the capture listing from the host is not a JSON object")
+    sets = []
+    for entry in doc.get("captures") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not ID_RE.fullmatch(entry["id"]):
+            continue
+        calls = [
+            CallInfo(
+                name=str(c.get("name")),
+                tp=int(_num(c, "tp")),
+                layer=int(_num(c, "layer")),
+                step=int(_num(c, "step")),
+                bytes=int(_num(c, "bytes")),
+                release=str(c.get("release") or "?"),
+                captured_at=_num(c, "captured_at"),
+                bs=int(c["bs"]) if isinstance(c.get("bs"), int) else None,
+            )
+            for c in entry.get("calls") or []
+            if isinstance(c, dict)
+        ]
+        done: dict[int, RankDone] = {}
+        for d in entry.get("done") or []:
+            if not isinstance(d, dict) or not isinstance(d.get("tp"), int):
+                continue
+            done[d["tp"]] = RankDone(
+                tp=d["tp"],
+                calls=int(_num(d, "calls")),
+                bytes=int(_num(d, "bytes")),
+                steps=int(_num(d, "steps")),
+                reason=str(d.get("reason") or "?"),
+                release=str(d.get("release") or "?"),
+                finished_at=_num(d, "finished_at"),
+                needed=int(d["needed"]) if isinstance(d.get("needed"), int) else None,
+                error=str(d["error"]) if d.get("error") else None,
+            )
+        sets.append(
+            CaptureSet(
+                id=entry["id"],
+                mtime=_num(entry, "mtime"),
+                bytes=int(_num(entry, "bytes")),
+                calls=sorted(calls, key=lambda c: (c.tp, c.layer, c.step)),
+                done=done,
+                partial=int(_num(entry, "partial")),
+            )
+        )
+    request = doc.get("request") if isinstance(doc.get("request"), dict) else None
+    return Listing(now=_num(doc, "now", time.time()), directory=str(doc.get("dir") or ""), request=request, sets=sets)
+
+
+def list_command(host: HostConfig) -> str:
+    return f"{shlex.quote(host.service.python)} -c {shlex.quote(LIST_SCRIPT)} {shlex.quote(capture_dir(host))}"
+
+
+# ---------------------------------------------------------------------------------------------- prune (pure plan)
+
+
+@dataclass(frozen=True)
+class PruneLimits:
+    keep: int = DEFAULT_KEEP
+    max_bytes: int = DEFAULT_KEEP_MB * 1024 * 1024
+    max_age_s: float = DEFAULT_MAX_AGE_S
+
+
+def prune_plan(listing: Listing, limits: PruneLimits, protect: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """(capture id, why) to remove, oldest first: older than ``max_age_s``; beyond the ``keep`` newest; and the
+    oldest until the rest fit in ``max_bytes``. The armed capture and ``protect`` are never removed."""
+    keep_always = set(protect) | ({listing.armed_id} if listing.armed_id else set())
+    newest_first = sorted(listing.sets, key=lambda s: (s.created, s.id), reverse=True)
+    doomed: dict[str, str] = {}
+    kept = 0
+    total = 0
+    for s in newest_first:
+        if s.id in keep_always:
+            kept += 1
+            total += s.bytes
+            continue
+        age = s.age_s(listing.now)
+        if age > limits.max_age_s:
+            doomed[s.id] = f"older than {_duration(limits.max_age_s)} ({_duration(age)})"
+        elif kept >= limits.keep:
+            doomed[s.id] = f"beyond the {limits.keep} newest"
+        elif total + s.bytes > limits.max_bytes:
+            doomed[s.id] = f"over {limits.max_bytes / 2**20:.0f} MB in all"
+        else:
+            kept += 1
+            total += s.bytes
+    return [(s.id, doomed[s.id]) for s in reversed(newest_first) if s.id in doomed]
+
+
+def prune_command(host: HostConfig, ids: Iterable[str]) -> str:
+    paths = []
+    for ident in ids:
+        if not ID_RE.fullmatch(ident):
+            raise UsageError(f"refusing to remove {ident!r}: not a capture id")
+        paths.append(shlex.quote(f"{capture_dir(host)}/{ident}"))
+    return f"rm -rf -- {' '.join(paths)}" if paths else "true"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def age_text(seconds: float) -> str:
+    return _duration(seconds)
+
+
+# ---------------------------------------------------------------------------------------------- over SSH
+
+
+def read_listing(r: Any, host: HostConfig) -> Listing:
+    res = r.run(list_command(host), timeout=120)
+    return parse_listing(res.stdout)
+
+
+def arm(
+    r: Any, host: HostConfig, *, layers: Iterable[int], steps: int, max_mb: float, ttl_s: float, by: str
+) -> dict[str, Any]:
+    """Write the request file (its expiry on the host's clock). Returns the request written."""
+    now_res = r.run("date +%s", timeout=60)
+    try:
+        host_now = float(now_res.stdout.strip())
+    except ValueError:
+        raise CaptureFailed(f"{host.name}: `date +%s` said {now_res.stdout.strip()!r}") from None
+    doc = request_doc(
+        capture_id=new_capture_id(),
+        layers=layers,
+        steps=steps,
+        max_mb=max_mb,
+        tp=host.service.tp,
+        host_now=host_now,
+        ttl_s=ttl_s,
+        by=by,
+    )
+    directory = capture_dir(host)
+    r.run(f"mkdir -p -m 0700 -- {shlex.quote(directory)} && chmod 0700 -- {shlex.quote(directory)}", timeout=60)
+    r.write_file(f"{directory}/{REQUEST_FILE}", json.dumps(doc, indent=1) + "\n", mode=0o600)
+    return doc
+
+
+def disarm(r: Any, host: HostConfig, capture_id: str) -> None:
+    """Remove the request file if it still names ``capture_id`` (a newer request is left alone)."""
+    if not ID_RE.fullmatch(capture_id):
+        raise UsageError(f"bad capture id {capture_id!r}")
+    path = shlex.quote(f"{capture_dir(host)}/{REQUEST_FILE}")
+    r.run(f"if grep -qF {shlex.quote(capture_id)} {path} 2>/dev/null; then rm -f -- {path}; fi", timeout=60)
+
+
+def wait_for(
+    r: Any,
+    host: HostConfig,
+    capture_id: str,
+    *,
+    timeout_s: float,
+    poll_s: float = 1.0,
+    progress: Callable[[CaptureSet | None, float], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> CaptureSet:
+    """Poll until every TP rank (``service.tp``) has finished the capture; :class:`CaptureFailed` on timeout."""
+    start = clock()
+    while True:
+        listing = read_listing(r, host)
+        current = listing.get(capture_id)
+        elapsed = clock() - start
+        if progress is not None:
+            progress(current, elapsed)
+        if current is not None and current.complete(host.service.tp) and not current.partial:
+            return current
+        if elapsed >= timeout_s:
+            got = (
+                f"{len(current.calls)} call(s) from rank(s) {sorted(current.done) or 'none'} finished"
+                if current
+                else "nothing"
+            )
+            raise CaptureFailed(
+                f"{host.name}: capture {capture_id} not finished by every TP rank within {timeout_s:g}s ({got}). "
+                "The service captures on its next verify steps: is it serving DDTree traffic? The request stays "
+                f"armed until it expires; look again with `opsctl captures {host.name}`"
+            )
+        sleep(poll_s)
+
+
+def outcome_problem(capture: CaptureSet, tp: int) -> str | None:
+    """Why a finished capture is of no use (None when it stored calls), in words an operator can act on."""
+    if capture.calls:
+        return None
+    reasons = sorted({d.reason for d in capture.done.values()})
+    hints = []
+    for d in capture.done.values():
+        if d.reason == "cuda_graphs_unsupported":
+            hints.append(
+                "the service runs verify inside CUDA graphs, where capture is not supported yet (docs/capture.md)"
+            )
+        elif d.reason == "max_bytes" and d.needed:
+            hints.append(
+                f"one call needs {d.needed / 2**20:.1f} MB per rank: raise --max-mb above {d.needed * tp / 2**20:.0f}"
+            )
+        elif d.reason == "steps":
+            hints.append("no verify call of the requested layers was seen: check --layers against the model")
+        elif d.reason == "error":
+            hints.append(f"the service reported: {d.error}")
+        elif d.reason == "expired":
+            hints.append("the request expired before a verify step came")
+    return f"capture {capture.id} stored nothing ({', '.join(reasons)}): " + "; ".join(dict.fromkeys(hints))
+
+
+def prune(r: Any, host: HostConfig, ids: Iterable[str]) -> None:
+    r.run(prune_command(host, ids), timeout=300)
+
+
+# ---------------------------------------------------------------------------------------------- replay
+
+
+def replay_command(host: HostConfig, release_dir: str, token: str) -> str:
+    """The remote command line that replays every capture stored on ``host`` with the release in ``release_dir``
+    (its kernel on the host's GPU, or its reference path without one), printing one ``[kdtree]`` parity line per
+    stored call with ``token=<token>`` and ``capture=<id>/<call>``. Exit 0: every line's rel <= the host's
+    ``gate.fail_rel`` (or nothing stored: ``captures=0``); 3: a line at or over it, or a damaged capture; 2: usage.
+    Judge its stdout with :func:`judge_replay` (every line counts; ``tp=`` is the capturing rank)."""
+    if not TOKEN_RE.fullmatch(token):
+        raise UsageError("the parity token must be 8-128 characters of [A-Za-z0-9_-]")
+    rel = release_dir.rstrip("/")
+    env = {
+        "PYTHONPATH": f"{rel}/kernel:{rel}/backend",
+        "KDTREE_CONFIG": f"{rel}/deploy/kdtree.json",
+        "PYTHONUNBUFFERED": "1",
+        "KDTREE_PARITY_TOKEN": token,
+    }
+    argv = [
+        host.service.python,
+        "-m",
+        "kdtree_backend.replay",
+        "--captures",
+        capture_dir(host),
+        "--threshold",
+        f"{host.gate.fail_rel:g}",
+    ]
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    return f"cd {shlex.quote(rel)} && env {assignments} {shlex.join(argv)}"
+
+
+@dataclass
+class ReplayJudgement:
+    verdict: Verdict  # PASS, FAIL, INCONCLUSIVE, NODATA (nothing stored), ERROR (the replay could not run)
+    reason: str
+    judgements: list[Judgement]
+    calls: int
+    damaged: int
+    state: GateState
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": str(self.verdict),
+            "reason": self.reason,
+            "calls": self.calls,
+            "damaged": self.damaged,
+            "lines": [
+                {
+                    "verdict": str(j.verdict),
+                    "reason": j.reason,
+                    "layer": j.line.layer if j.line else None,
+                    "tp": j.line.rank if j.line else None,
+                    "rel": j.line.rel if j.line and j.line.finite else str(j.line.rel if j.line else None),
+                    "capture": j.line.extra.get("capture") if j.line else None,
+                    "text": j.raw.strip(),
+                }
+                for j in self.judgements
+            ],
+        }
+
+
+def judge_replay(stdout: str, rc: int, host: HostConfig, token: str, stderr: str = "") -> ReplayJudgement:
+    """The capture replay's verdict, by the gate's own parser and rules: every line is judged (no K-pass stop),
+    ranks are the host's ``service.tp``, only lines with ``token`` count. Pure."""
+    settings = host.gate.model_copy(update={"consecutive_passes": 1000})
+    state = GateState(settings=settings, started_at=0.0, deadline_s=1.0, expected_ranks=host.service.tp, token=token)
+    judgements = []
+    calls = damaged = 0
+    summary_seen = False
+    for message in stdout.splitlines():
+        m = SUMMARY_RE.match(message)
+        if m:
+            calls, damaged, summary_seen = int(m[1]), int(m[2]), True
+        j = judge(state, message, 0.0)
+        if j is not None:
+            judgements.append(j)
+    counted = state.lines
+    skipped = [line for line in stderr.splitlines() if "skipped:" in line]
+    if state.verdict is Verdict.FAIL:
+        return ReplayJudgement(Verdict.FAIL, state.reason, judgements, calls, damaged, state)
+    if rc == EXIT_REPLAY_FAILED and damaged:
+        why = skipped[0].removeprefix("kdtree-replay: ") if skipped else f"{damaged} damaged capture(s)"
+        return ReplayJudgement(Verdict.FAIL, f"capture replay: {why}", judgements, calls, damaged, state)
+    if rc not in (0, EXIT_REPLAY_FAILED) or not summary_seen:
+        tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
+        return ReplayJudgement(
+            Verdict.ERROR, f"capture replay could not run (exit {rc}): {tail}", judgements, calls, damaged, state
+        )
+    if counted == 0:
+        ignored = state.counts[LineVerdict.IGNORED]
+        why = f"{ignored} line(s) ignored (wrong or missing token)" if ignored else "no captures stored on the host"
+        return ReplayJudgement(Verdict.NODATA, why, judgements, calls, damaged, state)
+    if rc == EXIT_REPLAY_FAILED:
+        return ReplayJudgement(
+            Verdict.FAIL, "capture replay exited 3 (a line over the threshold)", judgements, calls, damaged, state
+        )
+    if state.counts[LineVerdict.INCONCLUSIVE]:
+        n = state.counts[LineVerdict.INCONCLUSIVE]
+        return ReplayJudgement(
+            Verdict.INCONCLUSIVE, f"{n} of {counted} line(s) between pass and fail", judgements, calls, damaged, state
+        )
+    worst = state.worst.rel if state.worst is not None else 0.0
+    return ReplayJudgement(
+        Verdict.PASS, f"{counted} captured call(s) replayed, worst rel {worst:.3g}", judgements, calls, damaged, state
+    )
