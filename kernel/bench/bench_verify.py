@@ -356,7 +356,8 @@ def fp8_markdown(cases: list[dict]) -> list[str]:
     lines = [
         "## FP8 KV pool (SGLang --kv-cache-dtype fp8_e4m3) vs bf16, same shapes",
         "",
-        "fp8 us: the kernel on a float8_e4m3fn pool (scale 1/32); bf16 us: the same shapes on a bf16 pool; "
+        "fp8 us: the kernel on a float8_e4m3fn pool (scale 1/32; the e4m3 tensor-core kernel in 16-row blocks, "
+        "verify_attention_fp8mma.cuh, in its fp16-mma form on sm_90); bf16 us: the same shapes on a bf16 pool; "
         "Triton fp8: SGLang's extend_attention_fwd on the same fp8 pool (it rounds Q and P to e4m3 for the prefix). "
         "rel err: against the fp32 reference on the dequantized pool. Roofline: fp8 bytes (576 per key).",
         "",
@@ -384,8 +385,12 @@ def write_markdown(path: Path, result: dict, extras: list[dict], cublas: float) 
         "",
         f"Ceilings measured in this run: copy {result['copy_GBps']:.0f} GB/s, mma.sync bf16 "
         f"{result['mma_TFLOPs']:.0f} TFLOP/s (cuBLAS bf16 {cublas:.0f} TFLOP/s, wgmma, for reference).",
-        f"Geometric-mean speedup over extend_attention_fwd: {geomean(tree):.1f}x (min {min(tree):.1f}x) over "
-        f"{len(tree)} cases. Times are medians of CUDA-graph replays, inputs rotated past L2.",
+        (
+            f"Geometric-mean speedup over extend_attention_fwd: {geomean(tree):.1f}x (min {min(tree):.1f}x) over "
+            f"{len(tree)} cases. Times are medians of CUDA-graph replays, inputs rotated past L2."
+            if tree
+            else "No bf16 cases in this run (--fp8 only). Times are medians of CUDA-graph replays, inputs rotated past L2."
+        ),
         "",
         "| mask | bs | prefix | q_len | H | kernel us | Triton us | speedup | shared_kv us | vs shared_kv "
         "| GB/s | TFLOP/s | floor us | roofline | rel err |",

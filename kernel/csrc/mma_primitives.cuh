@@ -124,3 +124,46 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v, float scale) {
 }
 
 }  // namespace kdtree
+
+// ---- fp8 (e4m3) tensor-core path: sm_89 and later (sm_90, sm_120) ----
+namespace kdtree {
+
+// d += a * b for one 16x8 fp32 tile with e4m3 operands: a 16x32 row-major (four bytes per register, lowest k
+// first), b 32x8 col-major. Fragments: a0 / a2 = row g, k 4c..4c+3 / 16+4c..; a1 / a3 = row g + 8 (the int8
+// m16n8k32 layout); b0 / b1 = column g, k 4c..4c+3 / 16+4c..; d as for m16n8k16.
+__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> two e4m3 (round to nearest, saturating to +-448): `lo` in the low byte.
+__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Two e4m3 (low byte first) -> two floats (exact).
+__device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t x) {
+  uint32_t h;
+  const uint16_t x16 = static_cast<uint16_t>(x);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(x16));
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// Four floats as a two-term e4m3 sum on one scale: hi = e4m3(x), lo = e4m3(x - hi) (bytes in argument order).
+// hi + lo carries ~7 significant bits where e4m3 alone carries 4; used for Q and P, whose single-e4m3 rounding
+// costs ~6e-2 and ~1.4e-2 of output error on random data (docs/fp8.md), the two-term sum ~1e-3.
+__device__ __forceinline__ void split_e4m3x4(float a, float b, float c, float d, uint32_t& hi, uint32_t& lo) {
+  const uint32_t h01 = f32x2_to_e4m3x2(a, b);
+  const uint32_t h23 = f32x2_to_e4m3x2(c, d);
+  const float2 r01 = e4m3x2_to_f32x2(h01);
+  const float2 r23 = e4m3x2_to_f32x2(h23);
+  hi = h01 | (h23 << 16);
+  lo = f32x2_to_e4m3x2(a - r01.x, b - r01.y) | (f32x2_to_e4m3x2(c - r23.x, d - r23.y) << 16);
+}
+
+}  // namespace kdtree

@@ -2,22 +2,41 @@
 // and sm_90a (tests/kernel/test_compile.py), and the torch extension links the same objects.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "verify_attention.h"
+#include "verify_attention_fp8mma.cuh"
 #include "verify_attention_kernel.cuh"
 #include "verify_attention_tiles.h"
 
 namespace kdtree {
 namespace {
 
-VerifyKernelFn kernel_for(int row_groups, bool int64_indices, bool split_schedulers, bool fp8) {
-  return int64_indices ? verify_kernel_i64(row_groups, split_schedulers, fp8)
-                       : verify_kernel_i32(row_groups, split_schedulers, fp8);
+// The fp8 tensor-core kernel's form on the current device: e4m3 mma.sync where the hardware has it (sm_89,
+// sm_120: QMMA), fp16 mma.sync on widened fragments on sm_90 (its e4m3 mma.sync is two HMMA plus conversions).
+// KDTREE_FP8_MMA=qmma|hmma overrides (A/B timing). Host only, no stream work (safe under graph capture).
+bool fp8_qmma() {
+  const char* env = std::getenv("KDTREE_FP8_MMA");
+  if (env != nullptr && std::strcmp(env, "qmma") == 0) return true;
+  if (env != nullptr && std::strcmp(env, "hmma") == 0) return false;
+  int device = 0;
+  int major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return true;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return true;
+  return major != 9;
 }
 
-int threads_for(int row_groups, bool split_schedulers) {
+VerifyKernelFn kernel_for(int row_groups, bool int64_indices, bool split_schedulers, bool fp8) {
+  const bool qmma = fp8 && row_groups == 1 && fp8_qmma();
+  return int64_indices ? verify_kernel_i64(row_groups, split_schedulers, fp8, qmma)
+                       : verify_kernel_i32(row_groups, split_schedulers, fp8, qmma);
+}
+
+int threads_for(int row_groups, bool split_schedulers, bool fp8) {
   switch (row_groups) {
-    case 1:
-      return launch_threads<1, false>();
+    case 1:  // fp8: the e4m3 tensor-core kernel
+      return fp8 ? fp8mma::kThreads : launch_threads<1, false>();
     case 2:
       return launch_threads<2, false>();
     default:
@@ -113,7 +132,7 @@ __global__ void __launch_bounds__(kCombineCols * kGroups) verify_combine_kernel(
 int verify_smem_bytes(int row_groups, bool fp8) {
   switch (row_groups) {
     case 1:
-      return fp8 ? TileConfig<1, kStages, true>::kSmemBytes : TileConfig<1, kStages>::kSmemBytes;
+      return fp8 ? fp8mma::kSmemBytes : TileConfig<1, kStages>::kSmemBytes;
     case 2:
       return fp8 ? TileConfig<2, kStages, true>::kSmemBytes : TileConfig<2, kStages>::kSmemBytes;
     case 3:
@@ -124,12 +143,12 @@ int verify_smem_bytes(int row_groups, bool fp8) {
 }
 
 int verify_blocks_per_sm(int row_groups, bool fp8) {
-  VerifyKernelFn fn = kernel_for(row_groups, false, false, fp8);  // both layouts: one block per SM
+  VerifyKernelFn fn = kernel_for(row_groups, false, false, fp8);  // bf16 / fp8 widening: one block per SM
   if (fn == nullptr) return 0;
   const int smem = verify_smem_bytes(row_groups, fp8);
   if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return 0;
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads_for(row_groups, false), smem) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads_for(row_groups, false, fp8), smem) != cudaSuccess) {
     return 0;
   }
   return blocks;
@@ -147,7 +166,7 @@ cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream) 
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.row_blocks, p.splits, p.bs);
-  fn<<<grid, threads_for(p.row_groups, split), smem, stream>>>(p);
+  fn<<<grid, threads_for(p.row_groups, split, p.kv_fp8 != 0), smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.splits == 1) return err;
   const dim3 combine_grid(p.q_len * p.heads, p.bs);

@@ -13,6 +13,7 @@ from .mask import mask_words
 from .plan import (
     HEAD_DIM,
     MAX_Q_LEN,
+    MAX_ROW_GROUPS,
     VALUE_DIM,
     LaunchPlan,
     max_workspace_bytes,
@@ -24,6 +25,9 @@ from .plan import (
 # kv_len) instead of fixed chunks sized for max_prefix_len. Faster for short requests replayed in a graph
 # captured for a long bound; off by default until it has been timed (it passes the same GPU tests).
 ADAPTIVE_CHUNKS_ENV = "KDTREE_ADAPTIVE_CHUNKS"
+# "widen": an fp8 pool with more than 16 rows per request runs the first fp8 path (raw e4m3 widened to fp16 in
+# shared memory, 48-row blocks) instead of 16-row blocks of the e4m3 tensor-core kernel (for A/B timing).
+FP8_PATH_ENV = "KDTREE_FP8_PATH"
 
 
 @functools.cache
@@ -33,6 +37,11 @@ def _num_sms(device_index: int) -> int:
 
 # Pool dtypes the kernel reads: bf16, and SGLang's --kv-cache-dtype fp8_e4m3 pool (with its k/v scales).
 KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
+
+
+def _fp8_max_row_groups() -> int:
+    """Row groups per block of an fp8 launch: 1 (the e4m3 tensor-core kernel) unless FP8_PATH_ENV says widen."""
+    return MAX_ROW_GROUPS if os.environ.get(FP8_PATH_ENV) == "widen" else 1
 
 
 @functools.cache
@@ -60,10 +69,17 @@ def launch_plan(
     fp8: bool = False,
 ) -> LaunchPlan:
     """The grid verify_attention uses on ``device`` for these sizes (reads device properties, no sync)."""
-    row_groups, _ = row_tiling(q_len, heads) if 1 <= q_len <= MAX_Q_LEN else (1, 1)
+    max_groups = _fp8_max_row_groups() if fp8 else MAX_ROW_GROUPS
+    row_groups, _ = row_tiling(q_len, heads, max_groups) if 1 <= q_len <= MAX_Q_LEN else (1, 1)
     index = _device_index(device)
     return plan_launch(
-        bs, q_len, heads, max_prefix_len, num_sms=_num_sms(index), blocks_per_sm=_blocks_per_sm(row_groups, fp8)
+        bs,
+        q_len,
+        heads,
+        max_prefix_len,
+        num_sms=_num_sms(index),
+        blocks_per_sm=_blocks_per_sm(row_groups, fp8),
+        max_row_groups=max_groups,
     )
 
 
@@ -84,10 +100,17 @@ def workspace_size(
     """
     if not 1 <= q_len <= MAX_Q_LEN:
         raise ValueError(f"q_len must be in [1, {MAX_Q_LEN}], got {q_len}")
-    row_groups, _ = row_tiling(q_len, heads)
+    max_groups = _fp8_max_row_groups() if fp8 else MAX_ROW_GROUPS
+    row_groups, _ = row_tiling(q_len, heads, max_groups)
     index = _device_index(device)
     return max_workspace_bytes(
-        bs, q_len, heads, max_prefix_len, num_sms=_num_sms(index), blocks_per_sm=_blocks_per_sm(row_groups, fp8)
+        bs,
+        q_len,
+        heads,
+        max_prefix_len,
+        num_sms=_num_sms(index),
+        blocks_per_sm=_blocks_per_sm(row_groups, fp8),
+        max_row_groups=max_groups,
     )
 
 

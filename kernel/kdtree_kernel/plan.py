@@ -59,10 +59,11 @@ class LaunchPlan:
         return self.bs * self.splits * self.rows * (VALUE_DIM + 1) * 4
 
 
-def row_tiling(q_len: int, heads: int) -> tuple[int, int]:
-    """(row_groups, row_blocks) covering q_len * heads rows with as little padding as 48-row blocks allow."""
+def row_tiling(q_len: int, heads: int, max_row_groups: int = MAX_ROW_GROUPS) -> tuple[int, int]:
+    """(row_groups, row_blocks) covering q_len * heads rows with as little padding as blocks of at most
+    ``max_row_groups`` x 16 rows allow (the fp8 pool's e4m3 tensor-core kernel takes 16-row blocks: 1)."""
     rows = q_len * heads
-    row_blocks = math.ceil(rows / (MAX_ROW_GROUPS * ROWS_PER_GROUP))
+    row_blocks = math.ceil(rows / (max_row_groups * ROWS_PER_GROUP))
     row_groups = math.ceil(math.ceil(rows / row_blocks) / ROWS_PER_GROUP)
     return row_groups, row_blocks
 
@@ -85,8 +86,10 @@ def plan_launch(
     *,
     num_sms: int,
     blocks_per_sm: int = 1,
+    max_row_groups: int = MAX_ROW_GROUPS,
 ) -> LaunchPlan:
-    """Choose the grid for a batch of ``bs`` requests whose prefixes are at most ``max_prefix_len`` keys."""
+    """Choose the grid for a batch of ``bs`` requests whose prefixes are at most ``max_prefix_len`` keys
+    (``max_row_groups``: see row_tiling)."""
     if bs < 1:
         raise ValueError(f"bs must be >= 1, got {bs}")
     if not 1 <= q_len <= MAX_Q_LEN:
@@ -95,7 +98,9 @@ def plan_launch(
         raise ValueError(f"heads must be >= 1, got {heads}")
     if max_prefix_len < 0:
         raise ValueError(f"max_prefix_len must be >= 0, got {max_prefix_len}")
-    row_groups, row_blocks = row_tiling(q_len, heads)
+    if not 1 <= max_row_groups <= MAX_ROW_GROUPS:
+        raise ValueError(f"max_row_groups must be in [1, {MAX_ROW_GROUPS}], got {max_row_groups}")
+    row_groups, row_blocks = row_tiling(q_len, heads, max_row_groups)
     max_keys = max_prefix_len + q_len
     slots = max(1, num_sms * max(1, blocks_per_sm))
     blocks = bs * row_blocks
@@ -118,10 +123,13 @@ def max_workspace_bytes(
     *,
     num_sms: int,
     blocks_per_sm: int = 1,
+    max_row_groups: int = MAX_ROW_GROUPS,
 ) -> int:
     """Workspace that serves every batch size 1..bs (smaller batches split their keys further, so their
     partials can outgrow those of the largest batch); what a CUDA-graph runner allocates once."""
     return max(
-        plan_launch(b, q_len, heads, max_prefix_len, num_sms=num_sms, blocks_per_sm=blocks_per_sm).workspace_bytes
+        plan_launch(
+            b, q_len, heads, max_prefix_len, num_sms=num_sms, blocks_per_sm=blocks_per_sm, max_row_groups=max_row_groups
+        ).workspace_bytes
         for b in range(1, bs + 1)
     )
