@@ -1,0 +1,128 @@
+"""Capture size and overhead on the CPU reference path (docs/capture.md, "Figures").
+
+    .venv/bin/python backend/bench/capture_bench.py [--prefixes 8192,32768] [--steps 5]
+
+For the K2.6 shape (bs=1, q_len 9, 8 heads per TP rank, 576/512 dims, bf16 pool) it prints, per prefix:
+  * the bytes one captured call (one layer of one step) stores, measured on disk and from the format's formula;
+  * the verify step's time through the real VerifyEngine (3 layers, reference attention) with capture off
+    (no state directory), present but not armed, and armed (3 layers captured), main thread only: the writer
+    thread's hashing and file writes run beside it;
+  * the per-step cost of the unarmed check alone (Capturer.armed(), no poll due) and of one poll of the
+    request file;
+  * the time the capture replay (kdtree_backend.replay_captures, reference path) takes per stored call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "kernel"), str(Path(__file__).resolve().parents[1])]
+
+from kdtree_backend.batch import make_verify_batch  # noqa: E402
+from kdtree_backend.capture import REQUEST_FILE, Capturer  # noqa: E402
+from kdtree_backend.config import ParityConfig  # noqa: E402
+from kdtree_backend.engine import VerifyEngine  # noqa: E402
+from kdtree_backend.replay_captures import replay_captures  # noqa: E402
+
+Q_LEN, HEADS, LAYERS = 9, 8, (0, 30, 60)
+
+
+def formula(prefix: int, bs: int = 1, q_len: int = Q_LEN, heads: int = HEADS, pool_bytes: int = 2) -> int:
+    """Tensor bytes of one call (safetensors headers and the manifest come on top: ~3 KB)."""
+    t, keys = bs * q_len, bs * prefix + bs * q_len
+    inputs = t * heads * 576 * 2 + keys * 576 * pool_bytes + keys * 4 + 2 * (bs + 1) * 4 + t * ((q_len + 63) // 64) * 8
+    sglang = (bs + 1) * 4 + bs * prefix * 4 + t * 8 + t * (prefix + q_len) + (bs + 1) * 8 + bs * 8 + (bs + 1) * 4
+    output = t * heads * 512 * 2
+    return inputs + sglang + output
+
+
+def engine_step(engine: VerifyEngine, batch, out: torch.Tensor) -> float:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    engine.prepare(
+        kv_indptr=batch.kv_indptr,
+        kv_indices=batch.kv_indices,
+        out_cache_loc=batch.out_cache_loc,
+        custom_mask=batch.custom_mask,
+        mask_indptr=batch.mask_indptr,
+        qo_indptr=batch.qo_indptr,
+        bs=1,
+        graph=False,
+    )
+    for layer in LAYERS:
+        engine.forward(layer, batch.q[layer], batch.kv_buffers[layer], out, batch.sm_scale)
+    return time.perf_counter() - start
+
+
+def measure(prefix: int, steps: int) -> dict[str, object]:
+    batch = make_verify_batch(bs=1, prefix=prefix, q_len=Q_LEN, heads=HEADS, layers=LAYERS, seed=1)
+    out = torch.empty(Q_LEN, HEADS, 512, dtype=torch.bfloat16)
+    result: dict[str, object] = {"prefix": prefix, "formula_bytes": formula(prefix)}
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp) / "capture"
+        directory.mkdir()
+        times: dict[str, list[float]] = {}
+        for mode in ("off", "unarmed", "armed"):
+            capturer = Capturer(None if mode == "off" else directory, release="bench", poll_s=1.0, log=lambda _: None)
+            if mode == "armed":
+                doc = {
+                    "id": "c20260601T120000Z-0a1b2c",
+                    "layers": list(LAYERS),
+                    "steps": steps + 1,
+                    "max_bytes": 1 << 40,
+                }
+                doc["expires_at"] = time.time() + 3600
+                (directory / REQUEST_FILE).write_text(json.dumps(doc))
+            engine = VerifyEngine(
+                q_len=Q_LEN, heads=HEADS, parity=ParityConfig(False, 1, ()), use_kernel=False, sink=lambda _: None,
+                capturer=capturer,
+            )  # fmt: skip
+            engine_step(engine, batch, out)  # warm-up (armed: the poll that arms it, and the first captured step)
+            times[mode] = [engine_step(engine, batch, out) for _ in range(steps)]
+            capturer.drain()
+        calls = sorted(p for p in (directory / "c20260601T120000Z-0a1b2c").glob("tp0-*") if p.is_dir())
+        sizes = [sum(f.stat().st_size for f in c.iterdir()) for c in calls]
+        result["calls"] = len(calls)
+        start = time.perf_counter()
+        replayed = replay_captures(directory, torch.device("cpu"), threshold=0.05, sink=lambda _: None)
+        result["replay_s_per_call"] = round((time.perf_counter() - start) / max(replayed.calls, 1), 3)
+        result["replay_worst_rel"] = replayed.worst_rel
+        result["bytes_per_call_on_disk"] = statistics.median(sizes) if sizes else None
+        for mode, values in times.items():
+            result[f"step_ms_{mode}"] = round(statistics.median(values) * 1e3, 3)
+        # The unarmed per-step check alone, and one poll of the (missing) request file.
+        idle = Capturer(directory / "never", release="bench", poll_s=3600.0, log=lambda _: None)
+        idle.armed()
+        n = 200_000
+        start = time.perf_counter()
+        for _ in range(n):
+            idle.armed()
+        result["unarmed_check_ns"] = round((time.perf_counter() - start) / n * 1e9, 1)
+        polling = Capturer(directory / "never", release="bench", poll_s=0.0, log=lambda _: None)
+        start = time.perf_counter()
+        for _ in range(2000):
+            polling.armed()
+        result["poll_us"] = round((time.perf_counter() - start) / 2000 * 1e6, 2)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prefixes", default="8192,32768")
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for prefix in (int(p) for p in args.prefixes.split(",")):
+        print(json.dumps(measure(prefix, args.steps)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
