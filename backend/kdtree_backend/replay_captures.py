@@ -240,13 +240,15 @@ def replay_captures(
 
 def run_cli(root: Path, device: torch.device, threshold: float | None) -> int:
     """``python -m kdtree_backend.replay --captures DIR``: replay, then one summary line; the exit status."""
-    if not root.is_dir():
-        print(f"kdtree-replay: --captures {root}: no such directory", file=sys.stderr, flush=True)
+    if root.exists() and not root.is_dir():
+        print(f"kdtree-replay: --captures {root}: not a directory", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    if not root.exists():  # nothing was ever captured on this host: nothing to replay
+        print(f"kdtree-replay: no captures under {root}", file=sys.stderr, flush=True)
     if device.type == "cpu":
         torch.set_num_threads(min(4, torch.get_num_threads()))
     started = time.monotonic()
-    summary = replay_captures(root, device, threshold=threshold)
+    summary = replay_captures(root, device, threshold=threshold) if root.exists() else ReplaySummary()
     code = summary.exit_code(threshold)
     print(
         f"kdtree-replay: captures={summary.calls} damaged={summary.damaged} worst_rel={summary.worst_rel:.4e} "
