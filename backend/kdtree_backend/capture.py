@@ -502,7 +502,7 @@ class Capturer:
                 per_call = {
                     "inputs": {
                         "q": q.reshape(tokens, heads, -1),
-                        "kv_rows": kv_buffer[step.plan.rows],
+                        "kv_rows": _gather_rows(kv_buffer, step.plan.rows),
                         "keys": step.remapped_keys,
                         **step.shared["inputs"],
                     },
@@ -585,6 +585,13 @@ class Capturer:
         """Wait until every queued file is written (tests, shutdown)."""
         if self._writer is not None:
             self._writer.drain()
+
+
+def _gather_rows(pool: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``pool[rows]``; a float8 pool is gathered as bytes (not every device build indexes float8 tensors)."""
+    if pool.element_size() == 1 and pool.dtype.is_floating_point:
+        return pool.view(torch.uint8)[rows].view(pool.dtype)
+    return pool[rows]
 
 
 def _to_host(

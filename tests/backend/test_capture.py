@@ -436,3 +436,36 @@ def test_the_classic_bug_is_caught_by_the_capture_replay(tmp_path: Path, bug: st
 def test_replay_cli_with_nothing_captured_prints_captures_0(tmp_path: Path) -> None:
     res = replay_cli(REPO, tmp_path / "never-made", "--threshold", "0.05")
     assert res.returncode == 0 and "captures=0 damaged=0" in res.stdout and "[kdtree] L" not in res.stdout
+
+
+def test_an_fp8_pool_is_captured_as_stored_and_replayed_with_its_scales(tmp_path: Path) -> None:
+    directory = tmp_path / "capture"
+    arm(directory, layers=[0], steps=1)
+    capturer = Capturer(directory, release="r", poll_s=0.0, log=lambda _: None)
+    engine = VerifyEngine(
+        q_len=9, heads=4, parity=ParityConfig(False, 1, ()), use_kernel=False, sink=lambda _: None, capturer=capturer
+    )
+    batch = make_verify_batch(bs=2, prefix=40, q_len=9, heads=4, seed=1)
+    pool = (batch.kv_buffers[0].float() / 0.5).to(torch.float8_e4m3fn)
+    engine.prepare(
+        kv_indptr=batch.kv_indptr,
+        kv_indices=batch.kv_indices,
+        out_cache_loc=batch.out_cache_loc,
+        custom_mask=batch.custom_mask,
+        mask_indptr=batch.mask_indptr,
+        qo_indptr=batch.qo_indptr,
+        bs=2,
+        graph=False,
+    )
+    out = torch.empty(18, 4, 512, dtype=torch.bfloat16)
+    engine.forward(0, batch.q[0], pool, out, batch.sm_scale, k_scale=0.5, v_scale=0.5)
+    capturer.drain()
+    (call_dir,) = find_calls(directory)
+    call = load_call(call_dir)
+    assert call.inputs["kv_rows"].dtype == torch.float8_e4m3fn
+    assert call.manifest["k_scale"] == 0.5 and call.manifest["v_scale"] == 0.5
+    rows = torch.cat([batch.kv_indices, batch.out_cache_loc])  # not in capture order; compare as sets of bytes
+    assert call.inputs["kv_rows"].numel() == pool[rows].numel()
+    lines: list[str] = []
+    summary = replay_captures(directory, torch.device("cpu"), threshold=0.01, sink=lines.append)
+    assert summary.calls == 1 and summary.worst_rel < 0.01 and "vs_running=0.0000e+00" in lines[0]
