@@ -582,7 +582,7 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
     host = h.name
     layout = hs.Layout(h.root)
 
-    def gather(r: Any) -> tuple[hs.HostSnapshot, list[dict[str, Any]], str]:
+    def gather(r: Any) -> tuple[hs.HostSnapshot, list[dict[str, Any]], str, str | None]:
         snap = hs.read_snapshot(r, h.root, h.unit)
         hist = hs.read_history(r, layout)
         lines = ""
@@ -592,10 +592,15 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
                 timeout=60,
                 check=False,
             ).stdout
-        return snap, hist, lines
+        return snap, hist, lines, hs.read_parity_token(r, layout)
 
-    snap, hist, lines = _read(h, gather)
-    parity = [p for p in (parse_line(x) for x in lines.splitlines()) if isinstance(p, ParityLine)]
+    snap, hist, lines, token = _read(h, gather)
+    # As the gate sees them: only lines with the running invocation's token are the service's own.
+    parity = [
+        p
+        for p in (parse_line(x) for x in lines.splitlines())
+        if isinstance(p, ParityLine) and (token is None or p.token == token)
+    ]
     last = next((x for x in reversed(hist) if x.get("verdict")), None)
     doc = {
         "host": host,

@@ -419,17 +419,29 @@ def restart_unit(r: Any, host: HostConfig) -> Mark:
     read the restart counter baseline.
 
     A unit that hit its start limit (a crash loop) is reset first, else systemd refuses the restart. A start job
-    that fails is not an exception here: the gate sees the failed unit and decides."""
+    that fails is not an exception here: the gate sees the failed unit and decides. A unit that does not read the
+    token file (an adopted, hand-made unit) cannot carry the token: its lines are then judged without it (the
+    Mark's token is None), everything else as strictly."""
     m = _mark(r, host)
+    layout = Layout(host.root)
     token = hs.new_parity_token()
-    hs.write_parity_token(r, Layout(host.root), token)
+    hs.write_parity_token(r, layout, token)
     u = shlex.quote(host.unit + ".service")
     out = r.run(
-        f'systemctl reset-failed {u} 2>/dev/null; systemctl restart {u}; echo "rc=$?"; systemctl show -p NRestarts --value {u}',
+        f"systemctl reset-failed {u} 2>/dev/null; systemctl restart {u}; echo \"rc=$?\"; "
+        f"echo \"restarts=$(systemctl show -p NRestarts --value {u})\"; "
+        f"echo \"envfiles=$(systemctl show -p EnvironmentFiles --value {u})\"",
         timeout=host.service.start_timeout_s + 60,
-    ).stdout.split()
-    restarts = out[-1] if out and out[-1].isdigit() else "0"
-    return Mark(old_invocation=m.old_invocation, cursor=m.cursor, n_restarts=int(restarts), token=token)
+    ).stdout
+    facts = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+    restarts = facts.get("restarts", "").strip()
+    carries_token = layout.parity_env in facts.get("envfiles", "")
+    return Mark(
+        old_invocation=m.old_invocation,
+        cursor=m.cursor,
+        n_restarts=int(restarts) if restarts.isdigit() else 0,
+        token=token if carries_token else None,
+    )
 
 
 def feed_line(state: GateState, message: str, now: float, reporter: Reporter) -> LineVerdict | None:
@@ -467,6 +479,11 @@ def run_gate(
         token=mark.token,
     )
     follower = Follower(unit=host.unit, mark=mark)
+    if mark.token is None:
+        reporter.info(
+            f"the unit does not read {Layout(host.root).parity_env} (a unit opsctl did not render): its parity lines "
+            "are judged without a token"
+        )
     while True:
         now = clock()
         try:
@@ -686,7 +703,7 @@ def deploy(
             return finish("PLANNED", "dry run: nothing changed")
 
         owner = LockOwner.mine(f"{command} {manifest.id}")
-        switched = restarted = locked = False
+        switched = restarted = locked = gated = False
         lease: LeaseKeeper | None = None
         try:
             with timer.timed(rep, "lock") as note:
@@ -776,6 +793,9 @@ def deploy(
                 gate = run_gate(session, host, mark, rep, deadline_s=opts.gate_timeout_s)
                 note["detail"] = f"{gate.verdict}: {gate.reason}"
                 result.gate = gate.summary()
+            # The gate decided: a later failure is the bookkeeping's (after a PASS) or the restore's own (which says
+            # where the host stands), not a reason to restore again.
+            gated = True
             if gate.verdict is Verdict.PASS:
                 session.call(lambda r: hs.set_last_good(r, layout, manifest.id))
                 session.call(
@@ -803,19 +823,11 @@ def deploy(
                 )
                 return finish("ERROR", gate.reason)
             # Gate said no: the new release is bad; go back.
-            hs.mark_bad(session.r, layout, manifest.id, f"gate {gate.verdict}: {gate.reason}")
-            hs.append_history(
-                session.r,
-                layout,
-                {
-                    "event": "deploy",
-                    "release": manifest.id,
-                    "previous": snap.current,
-                    "verdict": str(gate.verdict),
-                    "gate": gate.summary(),
-                },
+            _restore_after_cut(
+                session, host, layout, snap, manifest.id, opts, rep, timer, result,
+                restarted=True, verdict=str(gate.verdict), reason=f"gate {gate.verdict}: {gate.reason}",
+                gate=gate.summary(),
             )
-            _rollback_after_failure(session, host, layout, snap, manifest.id, opts, rep, timer, result)
             return finish(str(gate.verdict), gate.reason)
         except KeyboardInterrupt as e:
             if not locked:
@@ -835,7 +847,7 @@ def deploy(
         except OpsError as e:
             if not locked:
                 raise
-            if restarted:
+            if restarted and not gated:
                 # The restart or the gate broke off (SSH drop, timeout): the new release may be running unverified
                 # while nothing vouches for it. Never leave it so: back to the old release, restarted and gated.
                 session.drop()
@@ -894,7 +906,12 @@ def _restore_after_cut(
         record: dict[str, Any] = {"event": "deploy", "release": failed, "verdict": verdict, "reason": reason}
         if gate is not None:
             record["gate"] = gate
-        session.call(lambda r: hs.append_history(r, layout, {**record, "previous": snap.current}))
+        # Where `current` points once restored: back on the previous release, or (a first deploy, nothing to go
+        # back to) still on the failed one with its unit stopped.
+        current_after = snap.current if (snap.current or not switched) else failed
+        session.call(
+            lambda r: hs.append_history(r, layout, {**record, "previous": snap.current, "current": current_after})
+        )
         if restarted:
             _rollback_after_failure(session, host, layout, snap, failed, opts, rep, timer, result)
         elif switched and snap.current:

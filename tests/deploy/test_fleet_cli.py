@@ -5,6 +5,7 @@ library through its failure scenarios; here the CLI wiring is what is under test
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from opsctl.inventory import Inventory
@@ -60,10 +61,26 @@ def test_group_deploy_parallel_then_status_and_rollback(testbed: Inventory, tmp_
         snap, _ = state(h)
         assert snap.current == first_id and snap.unit.active_state == "active" and not snap.lock_present
 
-    # A release that dies in service: health finds the unit down (CRIT) and --rollback-on-fail acts on it.
+    # An operator's stop is not evidence against the release: reported (WARN), never rolled back.
     sick = hosts[0]
     with connect(sick) as r:
         r.run(["systemctl", "stop", sick.unit + ".service"], timeout=120)
+    stopped = opsctl("health", sick.name, "--rollback-on-fail", "--json", "--no-alerts")
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert json.loads(stopped.stdout)["rollbacks"] == []
+    assert state(sick)[0].current == first_id
+    # A release that dies in service (a crash loop): health finds it (CRIT) and --rollback-on-fail acts on it.
+    with connect(sick) as r:
+        r.run(
+            # rm first: releases share unchanged files through hard links, and only this one may break
+            f"f={sick.root}/current/backend/kdtree_backend/replay.py; rm -f \"$f\" && echo 'raise SystemExit(1)' > \"$f\" && "
+            f"systemctl restart {sick.unit}.service",
+            timeout=120,
+            check=False,
+        )
+    deadline = time.monotonic() + 30
+    while state(sick)[0].unit.sub_state not in ("auto-restart", "failed") and time.monotonic() < deadline:
+        time.sleep(0.3)
     hr = opsctl("health", sick.name, "--rollback-on-fail", "--json", "--no-alerts")
     assert hr.returncode == 2, hr.stdout + hr.stderr  # the CRIT found is still reported
     doc = json.loads(hr.stdout)

@@ -45,6 +45,7 @@ class Recorder:
         self.steps: list[str] = []
         self.failed_steps: list[str] = []
         self.parity_lines: list[ParityLine] = []
+        self.prerestart_lines: list[ParityLine] = []
         self.infos: list[str] = []
         self.on_step: dict[str, Any] = {}
         self.on_parity: Any = None
@@ -63,6 +64,9 @@ class Recorder:
         self.infos.append(message)
 
     def parity(self, line: ParityLine, verdict: str) -> None:
+        if not self.steps or not self.steps[-1].startswith("gate"):
+            self.prerestart_lines.append(line)  # the pre-restart check's lines: not the gate's
+            return
         self.parity_lines.append(line)
         if self.on_parity is not None:
             hook, self.on_parity = self.on_parity, None
@@ -207,7 +211,7 @@ def test_classic_bug_caught_before_restart(tb1: HostConfig, good_tree: Path, goo
     assert res.verdict == "FAIL" and not res.ok, res.line()
     assert res.reason.startswith("pre-restart parity L") and "rel=" in res.reason, res.reason
     assert res.line().startswith(f"tb1: deploy {make_manifest(bad).id} -> FAIL (pre-restart parity L")
-    assert rec.parity_lines and "parity" in rec.failed_steps and "switch" not in rec.steps
+    assert rec.prerestart_lines and "parity" in rec.failed_steps and "switch" not in rec.steps
     snap = assert_healthy(tb1, good_id)
     assert snap.unit.invocation_id == before.unit.invocation_id  # never restarted
     assert make_manifest(bad).id in snap.bad
@@ -429,7 +433,7 @@ def hand_made(local: HostConfig, good_tree: Path) -> Iterator[HostConfig]:
         "[Unit]\nDescription=hand-made kdtree service\n[Service]\n"
         f"Environment=PYTHONPATH={ext}/kernel:{ext}/backend\nEnvironment=PYTHONUNBUFFERED=1\n"
         f"Environment=KDTREE_CONFIG={ext}/deploy/kdtree.json\nWorkingDirectory={ext}\n"
-        f"ExecStart=/usr/bin/python3 -m kdtree_backend.replay --steps 0 --interval 0.25\n"
+        f"ExecStart=/usr/bin/python3 -m kdtree_backend.replay --steps 0 --interval 0.25 --tp-size {local.service.tp}\n"
         "[Install]\nWantedBy=multi-user.target\n"
     )
     with connect(local) as r:
