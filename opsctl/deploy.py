@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
+from . import captures
 from . import hoststate as hs
 from . import unit as unitmod
 from .errors import CommandFailed, CommandTimeout, DeployFailed, GateFailed, LockHeld, OpsError, SshError
@@ -561,6 +562,8 @@ def _prerestart_parity(
     with the gate's own rules and a token of this run: a failing or malformed line fails it, passing lines
     (or inconclusive ones: the restart's gate is the stricter check) let the deploy go on."""
     rel = layout.release(release)
+    # The host's own captured traffic first (when any is stored): real trees, prefixes and magnitudes.
+    captured = _replay_captures(r, host, rel, reporter)
     token = hs.new_parity_token()
     env = (
         f"PYTHONPATH={shlex.quote(f'{rel}/kernel:{rel}/backend')} KDTREE_CONFIG={shlex.quote(f'{rel}/deploy/kdtree.json')} "
@@ -588,7 +591,7 @@ def _prerestart_parity(
     if state.verdict is Verdict.FAIL or (res.rc == PARITY_EXIT_FAIL and state.lines):
         raise GateFailed(f"pre-restart parity {state.reason or f'worst rel {worst:.4g}'}")
     if res.rc == 0 and state.lines:
-        note["detail"] = f"{state.lines} parity lines, worst rel {worst:.3g}"
+        note["detail"] = f"{state.lines} parity lines, worst rel {worst:.3g}; {captured}"
         return state
     tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
     raise DeployFailed(f"pre-restart parity could not run (exit {res.rc}, {state.lines} parity lines): {tail}")
@@ -638,10 +641,36 @@ def prerestart_fail_reason(lines: list[tuple[ParityLine, str]], fail_rel: float,
         for layer, rank in sorted(worst, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
     ]
     more = f" and {len(parts) - most} more" if len(parts) > most else ""
+    # Lines of the capture replay carry capture=<id>/<call>: say the failure was on the host's own traffic.
+    what = "capture replay" if all("capture" in w.extra for w in worst.values()) else "parity"
     return (
-        f"pre-restart parity {' '.join(parts[:most])}{more} >= fail threshold {fail_rel:g}; "
+        f"pre-restart {what} {' '.join(parts[:most])}{more} >= fail threshold {fail_rel:g}; "
         "nothing switched or restarted"
     )
+
+
+def _replay_captures(r: Any, host: HostConfig, release_dir: str, reporter: Reporter) -> str:
+    """Replay the verify calls captured on this host from its real traffic (``opsctl capture``; docs/capture.md)
+    with the new release, judged by the gate's parser and rules (every line, every capturing rank). A failing or
+    damaged one stops the deploy before the switch, as the synthetic check does. Returns the step's detail."""
+    token = hs.new_parity_token()
+    t = time.monotonic()
+    res = r.run(captures.replay_command(host, release_dir, token), timeout=captures.REPLAY_TIMEOUT_S, check=False)
+    j = captures.judge_replay(res.stdout, res.rc, host, token, res.stderr)
+    for judgement in j.judgements:
+        if judgement.line is not None and judgement.verdict is not LineVerdict.IGNORED:
+            reporter.parity(judgement.line, str(judgement.verdict))
+        else:
+            reporter.info(f"ignored capture replay line: {judgement.reason}: {judgement.raw.strip()[:160]}")
+    took = time.monotonic() - t
+    if j.verdict is Verdict.FAIL:
+        raise GateFailed(f"pre-restart capture replay {j.reason}")
+    if j.verdict is Verdict.ERROR:
+        raise DeployFailed(f"pre-restart {j.reason}")
+    if j.verdict is Verdict.NODATA:
+        return f"captures: {j.reason}"
+    worst = j.state.worst.rel if j.state.worst is not None else float("nan")
+    return f"captures: {j.calls} stored calls replayed in {took:.1f}s, worst rel {worst:.3g}"
 
 
 def _cleanup(r: Any, host: HostConfig, layout: Layout, keep_also: list[str | None]) -> list[str]:

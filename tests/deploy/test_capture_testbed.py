@@ -81,12 +81,15 @@ def test_capture_list_replay_and_prune_on_a_testbed_host(testbed: Inventory, tmp
     assert {line["capture"].split("/")[0] for line in result["lines"]} == {capture_id}
     assert {line["tp"] for line in result["lines"]} == {0, 1} and max(line["rel"] for line in result["lines"]) < 0.01
 
-    # A classic-bug release: its deploy stops before the switch (synthetic check), and the capture replay with it
-    # fails on the host's own captured calls.
+    # A classic-bug release: the deploy replays the host's captured calls with it first and stops there, before
+    # the switch, naming the failure as the capture replay's.
     bad = trees.classic_bug(tmp_path / "bad", tag="capture-bug")
     bad_id = make_manifest(bad).id
     refused = opsctl(testbed, "deploy", HOST, "--src", str(bad), "--yes")
     assert refused.returncode == 31, refused.stdout + refused.stderr
+    assert re.search(rf"deploy {bad_id} -> FAIL \(pre-restart capture replay L0 TP\d rel=", refused.stdout), refused.stdout
+    with connect(host) as r:
+        assert r.run(f"readlink {host.root}/current").stdout.strip() == f"releases/{good_id}"  # never switched
     caught = opsctl(testbed, "parity", "replay", HOST, "--release", bad_id)
     assert caught.returncode == 31, caught.stdout + caught.stderr
     fails = re.findall(
