@@ -85,3 +85,15 @@ def test_layout_refuses_bad_ids() -> None:
 def test_parse_history_skips_torn_lines() -> None:
     text = json.dumps({"event": "deploy", "release": "r1"}) + "\n" + '{"event": "dep'
     assert parse_history(text) == [{"event": "deploy", "release": "r1"}]
+
+
+def test_lock_lease_as_opsctl_lock_shows_it() -> None:
+    from opsctl.cli_deploy import lease_text
+
+    base = parse_snapshot("lock_present=1\nlock_boot=b1\nboot_id=b1\nnow=1000\nlock_lease=1090\n")
+    assert base.lock_remaining_s == 90 and not base.lock_stale
+    assert lease_text(base) == ", lease 90s left (renewed while its holder runs)"
+    expired = parse_snapshot("lock_present=1\nlock_boot=b1\nboot_id=b1\nnow=1000\nlock_lease=970\n")
+    assert expired.lock_stale and "lease expired 30s ago" in lease_text(expired)
+    rebooted = parse_snapshot("lock_present=1\nlock_boot=b0\nboot_id=b1\nnow=1000\nlock_lease=1090\n")
+    assert rebooted.lock_stale and "before the host last booted" in lease_text(rebooted)
