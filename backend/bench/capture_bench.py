@@ -47,13 +47,7 @@ def formula(prefix: int, bs: int = 1, q_len: int = Q_LEN, heads: int = HEADS, po
 def engine_step(engine: VerifyEngine, batch, out: torch.Tensor) -> float:  # type: ignore[no-untyped-def]
     start = time.perf_counter()
     engine.prepare(
-        kv_indptr=batch.kv_indptr,
-        kv_indices=batch.kv_indices,
-        out_cache_loc=batch.out_cache_loc,
-        custom_mask=batch.custom_mask,
-        mask_indptr=batch.mask_indptr,
-        qo_indptr=batch.qo_indptr,
-        bs=1,
+        **batch.metadata(),
         graph=False,
     )
     for layer in LAYERS:

@@ -75,6 +75,18 @@ class VerifyBatch:
     def tokens(self) -> int:
         return self.bs * self.q_len
 
+    def metadata(self) -> dict[str, object]:
+        """The verify metadata as SGLang's backend hands it to ``VerifyEngine.prepare`` (keyword arguments)."""
+        return {
+            "kv_indptr": self.kv_indptr,
+            "kv_indices": self.kv_indices,
+            "out_cache_loc": self.out_cache_loc,
+            "custom_mask": self.custom_mask,
+            "mask_indptr": self.mask_indptr,
+            "qo_indptr": self.qo_indptr,
+            "bs": self.bs,
+        }
+
     def k_extend(self, layer: int) -> torch.Tensor:
         """The drafts' K as handed to forward_extend: ``[T, 1, D]`` (V is its first DL dims)."""
         return self.kv_buffers[layer][self.out_cache_loc]

@@ -241,13 +241,7 @@ def run_engine(
             clock.now += 0.5
         batch = make_verify_batch(bs=2, prefix=48, q_len=9, heads=4, layers=layers, seed=step)
         engine.prepare(
-            kv_indptr=batch.kv_indptr,
-            kv_indices=batch.kv_indices,
-            out_cache_loc=batch.out_cache_loc,
-            custom_mask=batch.custom_mask,
-            mask_indptr=batch.mask_indptr,
-            qo_indptr=batch.qo_indptr,
-            bs=2,
+            **batch.metadata(),
             graph=graph,
         )
         for layer in layers:
@@ -448,13 +442,7 @@ def test_an_fp8_pool_is_captured_as_stored_and_replayed_with_its_scales(tmp_path
     batch = make_verify_batch(bs=2, prefix=40, q_len=9, heads=4, seed=1)
     pool = (batch.kv_buffers[0].float() / 0.5).to(torch.float8_e4m3fn)
     engine.prepare(
-        kv_indptr=batch.kv_indptr,
-        kv_indices=batch.kv_indices,
-        out_cache_loc=batch.out_cache_loc,
-        custom_mask=batch.custom_mask,
-        mask_indptr=batch.mask_indptr,
-        qo_indptr=batch.qo_indptr,
-        bs=2,
+        **batch.metadata(),
         graph=False,
     )
     out = torch.empty(18, 4, 512, dtype=torch.bfloat16)

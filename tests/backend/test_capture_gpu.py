@@ -61,13 +61,7 @@ def eager_steps(directory: Path | None, steps: int) -> tuple[list[torch.Tensor],
             bs=BS, prefix=PREFIX, q_len=Q_LEN, heads=HEADS, layers=LAYERS, device="cuda", seed=step
         )
         engine.prepare(
-            kv_indptr=batch.kv_indptr,
-            kv_indices=batch.kv_indices,
-            out_cache_loc=batch.out_cache_loc,
-            custom_mask=batch.custom_mask,
-            mask_indptr=batch.mask_indptr,
-            qo_indptr=batch.qo_indptr,
-            bs=BS,
+            **batch.metadata(),
             graph=False,
             prefix_sum=int(batch.seq_lens.sum()),
             max_prefix_len=int(batch.seq_lens.max()),

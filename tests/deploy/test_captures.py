@@ -98,13 +98,7 @@ def stored_capture(directory: Path, capture_id: str, *, steps: int = 1, tp: int 
     for step in range(steps + 1):
         batch = make_verify_batch(bs=1, prefix=32, q_len=9, heads=2, seed=step)
         engine.prepare(
-            kv_indptr=batch.kv_indptr,
-            kv_indices=batch.kv_indices,
-            out_cache_loc=batch.out_cache_loc,
-            custom_mask=batch.custom_mask,
-            mask_indptr=batch.mask_indptr,
-            qo_indptr=batch.qo_indptr,
-            bs=1,
+            **batch.metadata(),
             graph=False,
         )
         engine.forward(0, batch.q[0], batch.kv_buffers[0], torch.empty(9, 2, 512, dtype=torch.bfloat16), batch.sm_scale)
