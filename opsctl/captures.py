@@ -541,8 +541,7 @@ class ReplayJudgement:
 def judge_replay(stdout: str, rc: int, host: HostConfig, token: str, stderr: str = "") -> ReplayJudgement:
     """The capture replay's verdict, by the gate's own parser and rules: every line is judged (no K-pass stop),
     ranks are the host's ``service.tp``, only lines with ``token`` count. Pure."""
-    settings = host.gate.model_copy(update={"consecutive_passes": 1000})
-    state = GateState(settings=settings, started_at=0.0, deadline_s=1.0, expected_ranks=host.service.tp, token=token)
+    state = GateState.every_line(host.gate, expected_ranks=host.service.tp, token=token)
     judgements = []
     calls = damaged = 0
     summary_seen = False

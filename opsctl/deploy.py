@@ -581,9 +581,7 @@ def _prerestart_parity(
         f"{host.gate.fail_rel:g}",
     ]
     res = r.run(f"cd {shlex.quote(rel)} && env {env} {shlex.join(argv)}", timeout=PARITY_TIMEOUT_S, check=False)
-    # Every line is judged (the gate would stop reading at its K-th pass; here a later failure still counts).
-    settings = host.gate.model_copy(update={"consecutive_passes": 1000})
-    state = GateState(settings=settings, started_at=0.0, deadline_s=PARITY_TIMEOUT_S, expected_ranks=1, token=token)
+    state = GateState.every_line(host.gate, expected_ranks=1, token=token, deadline_s=PARITY_TIMEOUT_S)
     for message in res.stdout.splitlines():
         feed_line(state, message, 0.0, reporter)
     state.conclude(0.0)

@@ -88,6 +88,15 @@ class GateState:
     ssh_failures_in_a_row: int = 0
     last_ssh_error: str = ""
 
+    @classmethod
+    def every_line(
+        cls, settings: GateSettings, *, expected_ranks: int | None, token: str | None, deadline_s: float = 1.0
+    ) -> GateState:
+        """A gate for a finite batch of lines (pre-restart checks, capture replays) that never stops at a PASS: it
+        needs no K-pass streak, so a failure after the K-th pass still decides FAIL."""
+        never = settings.model_copy(update={"consecutive_passes": 1000})
+        return cls(settings=never, started_at=0.0, deadline_s=deadline_s, expected_ranks=expected_ranks, token=token)
+
     @property
     def decided(self) -> bool:
         return self.verdict is not Verdict.PENDING
@@ -122,13 +131,17 @@ class GateState:
             out = (*out, f"tp={line.rank} outside the unit's {self.expected_ranks} TP ranks")
         return out
 
+    def judge_line(self, line: ParityLine) -> LineVerdict:
+        """One line's verdict here (malformed for this unit -> FAIL, else the thresholds); counts nothing."""
+        return LineVerdict.FAIL if self.problems(line) else classify(line, self.settings)
+
     def feed(self, line: ParityLine, now: float) -> LineVerdict:
         """Count one parity line (in journal order). Lines after the decision are classified but change nothing."""
         if self.ignored_reason(line) is not None:
             self.counts[LineVerdict.IGNORED] += 1
             return LineVerdict.IGNORED
         problems = self.problems(line)
-        lv = LineVerdict.FAIL if problems else classify(line, self.settings)
+        lv = self.judge_line(line)
         if self.decided:
             return lv
         self.counts[lv] += 1

@@ -31,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import OpsError
-from .gate import GateState, LineVerdict, classify
+from .gate import GateState, LineVerdict
 from .hoststate import parse_parity_env
 from .inventory import HostConfig
 from .parity import ParityLine, parse_line
@@ -209,11 +209,6 @@ def stale_lock_age_s(host: HostConfig) -> float:
 _LINE_LEVEL = {LineVerdict.PASS: Level.OK, LineVerdict.INCONCLUSIVE: Level.WARN, LineVerdict.FAIL: Level.CRIT}
 
 
-def classify_sample(sample: ParitySample, host: HostConfig) -> Level:
-    """The gate's own line classification (NaN or inf fails, never passes), as a health level."""
-    return _LINE_LEVEL[classify(sample.line, host.gate)]
-
-
 def evaluate(host: HostConfig, facts: HostFacts, previous: PreviousRun | None = None) -> HostHealth:
     if not facts.reachable:
         checks: tuple[CheckResult, ...] = (
@@ -383,9 +378,8 @@ def check_parity(
 
 
 def _sample_level(gate: GateState, sample: ParitySample) -> Level:
-    if gate.problems(sample.line):
-        return Level.CRIT
-    return _LINE_LEVEL[classify(sample.line, gate.settings)]
+    """The gate's own verdict on one line (malformed or non-finite fails, never passes), as a health level."""
+    return _LINE_LEVEL[gate.judge_line(sample.line)]
 
 
 def check_disk(host: HostConfig, free_mb: float | None) -> CheckResult:

@@ -5,10 +5,7 @@ release (PASS) and with a classic-bug release that sits on the host unswitched (
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 
 from . import trees
+from .test_first_hour_cli import opsctl  # the real CLI on a testbed inventory, as a user runs it
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "tb1"
@@ -26,18 +24,6 @@ HOST = "tb1"
 pytestmark = pytest.mark.skipif(
     not (trees.SOURCE / "backend/kdtree_backend/capture.py").exists(), reason="backend capture.py not in the tree"
 )
-
-
-def opsctl(inv: Inventory, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "opsctl", "-i", str(inv.path), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 def test_capture_list_replay_and_prune_on_a_testbed_host(testbed: Inventory, tmp_path: Path) -> None:
