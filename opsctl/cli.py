@@ -30,7 +30,13 @@ testbed_app = typer.Typer(
 app.add_typer(testbed_app, name="testbed")
 
 # Command modules other parts of opsctl contribute; each has register(app). A module not written yet is skipped.
-_COMMAND_MODULES = ("opsctl.cli_deploy", "opsctl.cli_health", "opsctl.cli_parity", "opsctl.cli_capture")
+_COMMAND_MODULES = (
+    "opsctl.cli_deploy",
+    "opsctl.cli_health",
+    "opsctl.cli_parity",
+    "opsctl.cli_capture",
+    "opsctl.cli_bundle",
+)
 
 
 def _log_line(line: str) -> None:

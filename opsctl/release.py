@@ -1,4 +1,8 @@
-"""A release bundle: kernel/, backend/, deploy/, systemd/ plus manifest.json, with a content-derived id.
+"""A release bundle: what a host runs (see SHIPPED) plus manifest.json, with a content-derived id.
+
+A bundle holds what runs on a host and nothing else: research (benchmarks, profiles, probes, logs under
+kernel/bench/ and backend/bench/), tests and docs stay in the repository, so they neither travel to every host nor
+change the release id. The rule is SHIPPED below, an allow-list: a new directory ships only once it is named there.
 
 The id hashes (path, sha256, executable bit) of every file and nothing else, so the same tree always gives the
 same id, wherever and whenever it is bundled. The manifest adds provenance (source commit and dirty flag,
@@ -8,6 +12,7 @@ who/when, opsctl version) that does not take part in the id.
 from __future__ import annotations
 
 import datetime as dt
+import fnmatch
 import getpass
 import hashlib
 import json
@@ -23,7 +28,18 @@ from pathlib import Path
 
 from .errors import DeployFailed
 
+# The top-level directories a bundle draws from (the test trees copy these); SHIPPED picks the files within them.
 BUNDLE_DIRS = ("kernel", "backend", "deploy", "systemd")
+# What a host uses, as path patterns (fnmatch; '*' also matches '/') -> why the host needs it. A file ships when it
+# matches one of them; everything else under BUNDLE_DIRS (kernel/bench/, backend/bench/) stays behind.
+SHIPPED: dict[str, str] = {
+    "kernel/csrc/*": "the CUDA sources deploy/build_extension.py compiles on the host",
+    "kernel/kdtree_kernel/*": "the kernel's Python package (the unit's PYTHONPATH holds <release>/kernel)",
+    "backend/kdtree_backend/*": "the SGLang backend and the replay service (PYTHONPATH holds <release>/backend)",
+    "backend/*.dist-info/*": "the plugin's entry point, through which SGLang finds the backend",
+    "deploy/*": "the deploy's own files: build_extension.py and kdtree.json (the backend's KDTREE_CONFIG)",
+    "systemd/*": "the unit template each release's unit.service is rendered from",
+}
 MANIFEST = "manifest.json"
 ID_RE = re.compile(r"^r[0-9a-f]{12}$")
 ADOPTED_ID_RE = re.compile(r"^r0-[0-9a-f]{12}$")
@@ -89,6 +105,13 @@ class Manifest:
         return sum(f.size for f in self.files)
 
 
+def default_tree() -> Path:
+    """The working tree a bundle is made from when none is named: the checkout holding this opsctl (an editable
+    install), else the current directory."""
+    here = Path(__file__).resolve().parent.parent
+    return here if (here / "kernel").is_dir() and (here / "backend").is_dir() else Path.cwd()
+
+
 def release_id(files: Iterable[FileEntry]) -> str:
     h = hashlib.sha256()
     for f in sorted(files, key=lambda f: f.path):
@@ -101,8 +124,15 @@ def _skipped(rel: str) -> bool:
     return any(p in _SKIP_PARTS or p.endswith(".egg-info") for p in parts) or rel.endswith(_SKIP_SUFFIXES)
 
 
+def shipped(rel: str) -> bool:
+    """Whether the file at ``rel`` (relative, '/'-separated) belongs in a bundle: SHIPPED names it, and it is not
+    a build output or cache."""
+    return any(fnmatch.fnmatchcase(rel, pattern) for pattern in SHIPPED) and not _skipped(rel)
+
+
 def list_files(src_root: Path) -> list[str]:
-    """The bundle's files: what git knows under BUNDLE_DIRS (tracked + untracked, not ignored), else a walk."""
+    """The bundle's files: what git knows under BUNDLE_DIRS (tracked + untracked, not ignored), else a walk;
+    of those, the ones SHIPPED names."""
     try:
         out = subprocess.run(
             [
@@ -133,7 +163,7 @@ def list_files(src_root: Path) -> list[str]:
                     p = Path(dirpath) / name
                     if p.is_file() and not p.is_symlink():
                         rels.append(p.relative_to(src_root).as_posix())
-    return sorted({r for r in rels if not _skipped(r)})
+    return sorted({r for r in rels if shipped(r)})
 
 
 def _sha256(path: Path) -> str:
@@ -144,13 +174,35 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _git(src_root: Path, *args: str) -> str | None:
+def _git(src_root: Path, *args: str, strip: bool = True) -> str | None:
     try:
-        return subprocess.run(
+        out = subprocess.run(
             ["git", "-C", str(src_root), *args], capture_output=True, check=True, text=True, timeout=30
-        ).stdout.strip()
+        ).stdout
+        return out.strip() if strip else out
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
         return None
+
+
+def _changed_since_commit(src_root: Path) -> list[str] | None:
+    """Paths under BUNDLE_DIRS that differ from the commit (modified, added, deleted, untracked; both sides of a
+    rename), or None when git cannot tell. Only the shipped ones make a bundle dirty: a bench edit does not."""
+    out = _git(src_root, "status", "--porcelain", "-z", "--untracked-files=all", "--", *BUNDLE_DIRS, strip=False)
+    if out is None:
+        return None
+    fields = out.split("\0")
+    paths = []
+    i = 0
+    while i < len(fields):
+        entry = fields[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        paths.append(entry[3:])
+        if "R" in entry[:2] or "C" in entry[:2]:  # -z puts a rename's source in the next field
+            paths.append(fields[i])
+            i += 1
+    return paths
 
 
 def opsctl_version() -> str:
@@ -173,13 +225,13 @@ def make_manifest(src_root: Path, *, now: dt.datetime | None = None, who: str | 
         st = p.stat()
         entries.append(FileEntry(rel, _sha256(p), st.st_size, bool(st.st_mode & stat.S_IXUSR)))
     commit = _git(src_root, "rev-parse", "HEAD")
-    status = _git(src_root, "status", "--porcelain", "--", *BUNDLE_DIRS) if commit else None
+    changed = _changed_since_commit(src_root) if commit else None
     when = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Manifest(
         id=release_id(entries),
         files=tuple(entries),
         commit=commit,
-        dirty=bool(status) if status is not None else None,
+        dirty=any(shipped(p) for p in changed) if changed is not None else None,
         created_by=who or f"{getpass.getuser()}@{socket.gethostname()}",
         created_at=when,
         opsctl_version=opsctl_version(),
