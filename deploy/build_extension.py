@@ -36,7 +36,6 @@ SOURCES = (
     "verify_attention.cu",
     "verify_attention_i32.cu",
     "verify_attention_i64.cu",
-    "mma_rate.cu",
 )
 ARCH_RE = re.compile(r"^\d{1,2}\.\d$")
 AUTO_ARCHES = ("auto", "0.0")  # opsctl passes 0.0 for a host whose inventory names no GPU arch

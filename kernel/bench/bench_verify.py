@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 import triton
-from kdtree_kernel import load_extension, workspace_size
+from kdtree_kernel import workspace_size
 from kdtree_kernel.plan import HEAD_DIM, VALUE_DIM
 from kdtree_kernel.testing import VerifyCase, make_case, rel_error
+from mma_probe import load_mma_probe
 
 SM_SCALE = 0.14468
 FLOP_PER_KEY_ROW = 2 * HEAD_DIM + 2 * VALUE_DIM  # QK + PV per (query row, key)
@@ -96,14 +97,14 @@ def measure_ceilings() -> Ceilings:
     copy_ms = median_ms(functools.partial(dst.copy_, src))
     copy_gbps = 2 * src.numel() / copy_ms / 1e6
     del src, dst
-    ext = load_extension()
+    probe = load_mma_probe()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     sink = torch.zeros(sms * 8, dtype=torch.float32, device="cuda")
     best = 0.0
     for warps, blocks_per_sm in ((4, 4), (8, 2), (8, 4), (16, 2)):
         blocks = sms * blocks_per_sm
-        flops = ext.mma_rate_probe(sink, blocks, warps, 4096)
-        ms = median_ms(lambda b=blocks, w=warps: ext.mma_rate_probe(sink, b, w, 4096))
+        flops = probe.run(sink, blocks, warps, 4096)
+        ms = median_ms(lambda b=blocks, w=warps: probe.run(sink, b, w, 4096))
         best = max(best, flops / ms / 1e9)
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")

@@ -1,7 +1,7 @@
 """mma.sync issue rate by warps per SM (H200 diagnostic): how many warps per scheduler it takes to keep the tensor
-pipe busy with 8 independent m16n8k16 accumulators per warp (csrc/mma_rate.cu).
+pipe busy with 8 independent m16n8k16 accumulators per warp (kernel/bench/mma_rate.cu, built by mma_probe.py).
 
-    KDTREE_EXT_DIR=kernel/build python3 kernel/bench/probe_mma.py --out probe-mma.json
+    python3 kernel/bench/probe_mma.py --out probe-mma.json
 
 Each point: one block per SM of `warps` warps (so warps / 4 per scheduler), CUDA-event median of 20 launches.
 """
@@ -11,13 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kdtree_kernel import load_extension
+from mma_probe import load_mma_probe
 
 ITERS = 4096
 FLOP_PER_MMA = 2 * 16 * 8 * 16  # m16n8k16
@@ -40,13 +37,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    ext = load_extension()
+    probe = load_mma_probe()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     sink = torch.zeros(sms * 8, dtype=torch.float32, device="cuda")
     rows = []
     for warps in (1, 2, 4, 8, 12, 16, 24, 32):
-        flops = ext.mma_rate_probe(sink, sms, warps, ITERS)
-        ms = time_ms(lambda w=warps: ext.mma_rate_probe(sink, sms, w, ITERS))
+        flops = probe.run(sink, sms, warps, ITERS)
+        ms = time_ms(lambda w=warps: probe.run(sink, sms, w, ITERS))
         mma_per_warp = flops / FLOP_PER_MMA / (sms * warps)
         row = {
             "warps_per_sm": warps,

@@ -6,7 +6,6 @@
 
 #include <optional>
 
-#include "mma_rate.h"
 #include "verify_attention.h"
 
 namespace {
@@ -120,18 +119,6 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
   TORCH_CHECK(err == cudaSuccess, "kdtree verify_attention launch failed: ", cudaGetErrorString(err));
 }
 
-// Runs the mma.sync probe on the current stream; returns the flops it performs (time it with CUDA events).
-double mma_rate_probe(at::Tensor& sink, int64_t blocks, int64_t warps, int64_t iters) {
-  check_cuda(sink, "sink");
-  TORCH_CHECK(sink.scalar_type() == at::kFloat && sink.numel() >= blocks, "sink must be float32 with >= blocks elements");
-  const c10::cuda::CUDAGuard guard(sink.device());
-  const cudaError_t err = kdtree::launch_mma_rate(sink.data_ptr<float>(), static_cast<int>(blocks),
-                                                  static_cast<int>(warps), static_cast<int>(iters),
-                                                  c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "mma probe launch failed: ", cudaGetErrorString(err));
-  return kdtree::mma_flops_per_launch(static_cast<int>(blocks), static_cast<int>(warps), static_cast<int>(iters));
-}
-
 int64_t blocks_per_sm(int64_t row_groups, bool fp8) {
   return kdtree::verify_blocks_per_sm(static_cast<int>(row_groups), fp8);
 }
@@ -141,7 +128,6 @@ int64_t blocks_per_sm(int64_t row_groups, bool fp8) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "kdtree DDTree verify-attention CUDA kernels";
   m.def("verify_attention", &verify_attention_launch, "Enqueue the verify attention (no sync, no allocation)");
-  m.def("mma_rate_probe", &mma_rate_probe, "mma.sync bf16 throughput probe (benchmark diagnostic)");
   m.def("blocks_per_sm", &blocks_per_sm, "Resident blocks per SM for a row-group count (bf16 or fp8 pool)",
         pybind11::arg("row_groups"), pybind11::arg("fp8") = false);
   m.attr("max_q_len") = kdtree::kMaxQLen;

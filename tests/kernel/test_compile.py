@@ -50,7 +50,8 @@ def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
     return kernels
 
 
-UNITS = ("verify_attention.cu", "verify_attention_i32.cu", "verify_attention_i64.cu", "mma_rate.cu")
+# The shipped extension's CUDA units (deploy/build_extension.py; the mma.sync probe is a bench diagnostic now).
+UNITS = ("verify_attention.cu", "verify_attention_i32.cu", "verify_attention_i64.cu")
 SMEM_PROBE = """#include <cstdio>
 #include "verify_attention_kernel.cuh"
 int main() {
@@ -146,7 +147,7 @@ def test_kernels_compile(arch: str, tmp_path: Path) -> None:
     expected = 2 * 2 * (MAX_ROW_GROUPS + 1) + 2
     assert len(main) == expected, f"expected {expected} instantiations, got {sorted(main)}"
     assert any("verify_combine_kernel" in name for name in kernels)
-    assert any("mma_rate_kernel" in name for name in kernels)
+    assert not any("mma_rate_kernel" in name for name in kernels), "the mma.sync probe ships in the extension"
     for name, k in kernels.items():
         dynamic = worst_dynamic_smem() if "verify_attention_kernel" in name else 0  # the others use static only
         assert k["smem"] + dynamic <= SMEM_LIMIT, f"{name}: smem over 99 KB"
