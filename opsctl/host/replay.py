@@ -1,0 +1,61 @@
+"""Commands that run a release's own code on the host, from its directory: the extension build, and the replay
+service (``python -m kdtree_backend.replay``) for the pre-restart parity check and the capture replay."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+
+from ..errors import UsageError
+
+PARITY_TOKEN_VAR = "KDTREE_PARITY_TOKEN"  # read by kdtree_backend.lines; systemd passes it to the unit
+TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{8,128}")  # what kdtree_backend.lines accepts as a parity token
+REPLAY_MODULE = "kdtree_backend.replay"
+
+
+def in_release_command(release_dir: str, token: str, argv: Sequence[str]) -> str:
+    """``argv`` run in ``release_dir`` with that release's kernel and backend on PYTHONPATH, its kdtree.json, and
+    the parity token ``token`` (so only this run's lines count)."""
+    if not TOKEN_RE.fullmatch(token):
+        raise UsageError("the parity token must be 8-128 characters of [A-Za-z0-9_-]")
+    rel = release_dir.rstrip("/")
+    env = {
+        "PYTHONPATH": f"{rel}/kernel:{rel}/backend",
+        "KDTREE_CONFIG": f"{rel}/deploy/kdtree.json",
+        "PYTHONUNBUFFERED": "1",
+        PARITY_TOKEN_VAR: token,
+    }
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    return f"cd {shlex.quote(rel)} && env {assignments} {shlex.join(argv)}"
+
+
+def synthetic_replay_command(
+    python: str, release_dir: str, token: str, *, steps: int, threshold: float
+) -> str:
+    """Replay ``steps`` synthetic verify steps with the release (the pre-restart parity check)."""
+    argv = [python, "-m", REPLAY_MODULE, "--steps", str(steps), "--interval", "0", "--threshold", f"{threshold:g}"]
+    return in_release_command(release_dir, token, argv)
+
+
+def capture_replay_command(python: str, release_dir: str, capture_dir: str, token: str, *, threshold: float) -> str:
+    """Replay every capture stored under ``capture_dir`` with the release."""
+    argv = [python, "-m", REPLAY_MODULE, "--captures", capture_dir, "--threshold", f"{threshold:g}"]
+    return in_release_command(release_dir, token, argv)
+
+
+def build_argv(python: str, release_dir: str, *, arch: str, out_subdir: str, timeout_s: float) -> list[str]:
+    """Build the release's extension for compute capability ``arch`` into ``<release>/<out_subdir>``."""
+    rel = release_dir.rstrip("/")
+    return [
+        python,
+        f"{rel}/deploy/build_extension.py",
+        "--arch",
+        arch,
+        "--out",
+        f"{rel}/{out_subdir}",
+        "--log",
+        f"{rel}/build.log",
+        "--timeout",
+        f"{timeout_s:g}",
+    ]
