@@ -20,7 +20,6 @@ import datetime as dt
 import json
 import re
 import secrets
-import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,13 +27,18 @@ from typing import Any
 
 from .errors import OpsError, UsageError
 from .gate import GateState, Judgement, LineVerdict, Verdict, judge
+from .host import captures as host_captures
+
+# The commands' home is opsctl.host.captures and opsctl.host.replay; these names stay importable from here.
+from .host.captures import CAPTURE_SUBDIR as CAPTURE_SUBDIR
+from .host.captures import ID_RE, REQUEST_FILE, check_capture_id
+from .host.captures import LIST_SCRIPT as LIST_SCRIPT
+from .host.remote import Remote
+from .host.replay import TOKEN_RE as TOKEN_RE
+from .host.replay import capture_replay_command
 from .inventory import HostConfig
 
-CAPTURE_SUBDIR = "state/capture"
-REQUEST_FILE = "request.json"
 FORMAT = "kdtree-capture/1"
-ID_RE = re.compile(r"c\d{8}T\d{6}Z-[0-9a-f]{6}")  # the backend accepts exactly these
-TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{8,128}")  # what kdtree_backend.lines accepts as a parity token
 SUMMARY_RE = re.compile(r"^kdtree-replay: captures=(\d+) damaged=(\d+)\b")
 MAX_STEPS = 64
 DEFAULT_LAYERS = (0, 30, 60)
@@ -55,7 +59,7 @@ class CaptureFailed(OpsError):
 
 
 def capture_dir(host: HostConfig) -> str:
-    return f"{host.root}/{CAPTURE_SUBDIR}"
+    return host_captures.capture_dir(host.root)
 
 
 # ---------------------------------------------------------------------------------------------- the request
@@ -93,8 +97,7 @@ def request_doc(
 ) -> dict[str, Any]:
     """The request file's JSON (kdtree_backend.capture.parse_request reads it). ``max_mb`` is the whole
     capture's budget, split evenly over the host's ``tp`` ranks (each rank bounds its own share)."""
-    if not ID_RE.fullmatch(capture_id):
-        raise UsageError(f"bad capture id {capture_id!r}")
+    check_capture_id(capture_id)
     if not 1 <= steps <= MAX_STEPS:
         raise UsageError(f"--steps must be 1..{MAX_STEPS}, got {steps}")
     if not max_mb > 0:
@@ -114,51 +117,6 @@ def request_doc(
 
 
 # ---------------------------------------------------------------------------------------------- listing
-
-# Runs on the host with its python3 (no torch needed): what is stored, as JSON. argv[1] = the capture directory.
-LIST_SCRIPT = r"""
-import json, os, re, sys, time
-root = sys.argv[1]
-out = {"now": time.time(), "dir": root, "request": None, "captures": []}
-def load(p):
-    try:
-        with open(p) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-if os.path.isdir(root):
-    out["request"] = load(os.path.join(root, "request.json"))
-    for name in sorted(os.listdir(root)):
-        d = os.path.join(root, name)
-        if not re.fullmatch(r"c\d{8}T\d{6}Z-[0-9a-f]{6}", name) or not os.path.isdir(d) or os.path.islink(d):
-            continue
-        entry = {"id": name, "mtime": os.lstat(d).st_mtime, "bytes": 0, "calls": [], "done": [], "partial": 0}
-        for sub, dirs, files in os.walk(d):
-            for f in files:
-                try:
-                    entry["bytes"] += os.lstat(os.path.join(sub, f)).st_size
-                except OSError:
-                    pass
-        for child in sorted(os.listdir(d)):
-            p = os.path.join(d, child)
-            if child.startswith("."):
-                entry["partial"] += 1
-            elif child.endswith(".done.json"):
-                doc = load(p)
-                if isinstance(doc, dict):
-                    entry["done"].append(doc)
-            elif os.path.isdir(p):
-                m = load(os.path.join(p, "manifest.json"))
-                if isinstance(m, dict):
-                    keys = ("tp", "layer", "step", "release", "bytes", "captured_at", "bs", "q_len", "heads")
-                    call = {k: m.get(k) for k in keys}
-                    call["name"] = child
-                    entry["calls"].append(call)
-                else:
-                    entry["partial"] += 1
-        out["captures"].append(entry)
-print(json.dumps(out))
-"""
 
 
 @dataclass(frozen=True)
@@ -310,7 +268,7 @@ def parse_listing(text: str) -> Listing:
 
 
 def list_command(host: HostConfig) -> str:
-    return f"{shlex.quote(host.service.python)} -c {shlex.quote(LIST_SCRIPT)} {shlex.quote(capture_dir(host))}"
+    return host_captures.list_command(host.service.python, capture_dir(host))
 
 
 # ---------------------------------------------------------------------------------------------- prune (pure plan)
@@ -350,12 +308,7 @@ def prune_plan(listing: Listing, limits: PruneLimits, protect: Iterable[str] = (
 
 
 def prune_command(host: HostConfig, ids: Iterable[str]) -> str:
-    paths = []
-    for ident in ids:
-        if not ID_RE.fullmatch(ident):
-            raise UsageError(f"refusing to remove {ident!r}: not a capture id")
-        paths.append(shlex.quote(f"{capture_dir(host)}/{ident}"))
-    return f"rm -rf -- {' '.join(paths)}" if paths else "true"
+    return host_captures.prune_command(capture_dir(host), ids)
 
 
 def _duration(seconds: float) -> str:
@@ -376,16 +329,16 @@ def age_text(seconds: float) -> str:
 # ---------------------------------------------------------------------------------------------- over SSH
 
 
-def read_listing(r: Any, host: HostConfig) -> Listing:
+def read_listing(r: Remote, host: HostConfig) -> Listing:
     res = r.run(list_command(host), timeout=120)
     return parse_listing(res.stdout)
 
 
 def arm(
-    r: Any, host: HostConfig, *, layers: Iterable[int], steps: int, max_mb: float, ttl_s: float, by: str
+    r: Remote, host: HostConfig, *, layers: Iterable[int], steps: int, max_mb: float, ttl_s: float, by: str
 ) -> dict[str, Any]:
     """Write the request file (its expiry on the host's clock). Returns the request written."""
-    now_res = r.run("date +%s", timeout=60)
+    now_res = r.run(host_captures.HOST_CLOCK_COMMAND, timeout=60)
     try:
         host_now = float(now_res.stdout.strip())
     except ValueError:
@@ -401,21 +354,18 @@ def arm(
         by=by,
     )
     directory = capture_dir(host)
-    r.run(f"mkdir -p -m 0700 -- {shlex.quote(directory)} && chmod 0700 -- {shlex.quote(directory)}", timeout=60)
+    r.run(host_captures.prepare_dir_command(directory), timeout=60)
     r.write_file(f"{directory}/{REQUEST_FILE}", json.dumps(doc, indent=1) + "\n", mode=0o600)
     return doc
 
 
-def disarm(r: Any, host: HostConfig, capture_id: str) -> None:
+def disarm(r: Remote, host: HostConfig, capture_id: str) -> None:
     """Remove the request file if it still names ``capture_id`` (a newer request is left alone)."""
-    if not ID_RE.fullmatch(capture_id):
-        raise UsageError(f"bad capture id {capture_id!r}")
-    path = shlex.quote(f"{capture_dir(host)}/{REQUEST_FILE}")
-    r.run(f"if grep -qF {shlex.quote(capture_id)} {path} 2>/dev/null; then rm -f -- {path}; fi", timeout=60)
+    r.run(host_captures.disarm_command(capture_dir(host), capture_id), timeout=60)
 
 
 def wait_for(
-    r: Any,
+    r: Remote,
     host: HostConfig,
     capture_id: str,
     *,
@@ -473,7 +423,7 @@ def outcome_problem(capture: CaptureSet, tp: int) -> str | None:
     return f"capture {capture.id} stored nothing ({', '.join(reasons)}): " + "; ".join(dict.fromkeys(hints))
 
 
-def prune(r: Any, host: HostConfig, ids: Iterable[str]) -> None:
+def prune(r: Remote, host: HostConfig, ids: Iterable[str]) -> None:
     r.run(prune_command(host, ids), timeout=300)
 
 
@@ -486,26 +436,9 @@ def replay_command(host: HostConfig, release_dir: str, token: str) -> str:
     stored call with ``token=<token>`` and ``capture=<id>/<call>``. Exit 0: every line's rel <= the host's
     ``gate.fail_rel`` (or nothing stored: ``captures=0``); 3: a line at or over it, or a damaged capture; 2: usage.
     Judge its stdout with :func:`judge_replay` (every line counts; ``tp=`` is the capturing rank)."""
-    if not TOKEN_RE.fullmatch(token):
-        raise UsageError("the parity token must be 8-128 characters of [A-Za-z0-9_-]")
-    rel = release_dir.rstrip("/")
-    env = {
-        "PYTHONPATH": f"{rel}/kernel:{rel}/backend",
-        "KDTREE_CONFIG": f"{rel}/deploy/kdtree.json",
-        "PYTHONUNBUFFERED": "1",
-        "KDTREE_PARITY_TOKEN": token,
-    }
-    argv = [
-        host.service.python,
-        "-m",
-        "kdtree_backend.replay",
-        "--captures",
-        capture_dir(host),
-        "--threshold",
-        f"{host.gate.fail_rel:g}",
-    ]
-    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    return f"cd {shlex.quote(rel)} && env {assignments} {shlex.join(argv)}"
+    return capture_replay_command(
+        host.service.python, release_dir, capture_dir(host), token, threshold=host.gate.fail_rel
+    )
 
 
 @dataclass

@@ -13,6 +13,7 @@ import typer
 
 from . import alerts, schedule
 from . import cli_common as common
+from . import cli_render as render
 from . import health as hl
 from . import inventory as inv
 from .errors import OpsError, UsageError
@@ -58,7 +59,7 @@ def health_command(
     run = hl.check_hosts(hosts, hl.ssh_probe, hl.HealthHistory())
     elapsed = time.monotonic() - t0
     if prometheus is not None:
-        hl.write_atomic(prometheus, hl.render_prometheus(run.results))
+        hl.write_atomic(prometheus, render.render_prometheus(run.results))
         # On stderr: stdout stays one JSON document under --json.
         err_console.print(
             f"wrote {prometheus} ({len(run.results)} host(s), node_exporter textfile format)",
@@ -69,15 +70,15 @@ def health_command(
     deliveries = [] if no_alerts else alerts.notify(inventory.hosts, run.results)
     rollbacks = _rollback(hosts, run, as_json) if rollback_on_fail else []
     if as_json:
-        doc = hl.to_json(run.results)
+        doc = render.to_json(run.results)
         doc["target"] = name
         doc["elapsed_s"] = round(elapsed, 3)
         doc["alerts"] = [{"host": d.alert.host, "to": d.target, "ok": d.ok, "error": d.error} for d in deliveries]
         doc["rollbacks"] = rollbacks
         common.emit_json(doc)
     else:
-        console.print(hl.render_table(run.results))
-        for line in hl.details(run.results):
+        console.print(render.render_table(run.results))
+        for line in render.details(run.results):
             console.print(line, style="yellow" if " WARN:" in line else "red", highlight=False)
         for d in deliveries:
             if not d.ok:

@@ -21,15 +21,17 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
-
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from .errors import OpsError, SshError, UsageError
+from .fanout import run_on_hosts
 from .inventory import HostConfig
+
+if TYPE_CHECKING:
+    # Types only: planning a roll-out and reporting on it run without importing the pipeline.
+    from .deploy import DeployResult
 
 _COUNT_RE = re.compile(r"^\s*(\d+)\s*$")
 _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
@@ -217,9 +219,14 @@ def run_rollout(
             break
         progress(f"{stage}: {', '.join(h.name for h in hosts)}")
         if parallel and len(hosts) > 1:
-            with ThreadPoolExecutor(max_workers=min(max_workers, len(hosts)), thread_name_prefix="rollout") as pool:
-                for o in pool.map(lambda h: _safe(action, h), hosts):
-                    record(o)
+            # _safe turns every failure into an outcome, so each HostResult holds a value.
+            run_on_hosts(
+                hosts,
+                lambda h: _safe(action, h),
+                workers=max_workers,
+                on_result=lambda done_host: record(done_host.unwrap()),
+                thread_name_prefix="rollout",
+            )
         else:
             for h in hosts:
                 record(_safe(action, h))
@@ -237,42 +244,6 @@ def run_rollout(
     ]
     report.elapsed_s = time.monotonic() - t0
     return report
-
-
-_OUTCOME_STYLE = {Outcome.OK: "green", Outcome.FAILED: "bold red", Outcome.ERROR: "bold red", Outcome.SKIPPED: "dim"}
-
-
-def render_report(report: RolloutReport, title: str = "roll-out") -> Table:
-    table = Table(title=title)
-    table.add_column("host", style="bold")
-    table.add_column("result")
-    table.add_column("release")
-    table.add_column("verdict")
-    table.add_column("time", justify="right")
-    table.add_column("detail", overflow="fold")
-    for o in report.outcomes:
-        table.add_row(
-            o.host,
-            Text(o.outcome.value, style=_OUTCOME_STYLE[o.outcome]),
-            o.release or "-",
-            o.verdict or "-",
-            f"{o.elapsed_s:.1f}s" if o.outcome is not Outcome.SKIPPED else "-",
-            o.detail,
-        )
-    return table
-
-
-def summary_line(report: RolloutReport) -> str:
-    counts = {k: sum(1 for o in report.outcomes if o.outcome is k) for k in Outcome}
-    text = ", ".join(f"{n} {k.value}" for k, n in counts.items() if n)
-    head = (
-        "roll-out complete"
-        if report.ok
-        else f"roll-out stopped: {report.stopped}"
-        if report.stopped
-        else "roll-out finished with failures"
-    )
-    return f"{head} ({text}) in {report.elapsed_s:.1f}s"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -305,19 +276,18 @@ class LineReporter:
         self.emit(f"{self.host}: parity L{layer} rel={rel:.3g} {verdict}")
 
 
-def outcome_from_result(result: object) -> HostOutcome:
-    """opsctl.deploy.DeployResult -> HostOutcome (duck-typed to keep this module free of the SSH stack)."""
-    verdict = str(getattr(result, "verdict", "?"))
-    rolled_back_to = getattr(result, "rolled_back_to", None)
-    if rolled_back_to:
-        verdict += f", rolled back to {rolled_back_to}: {getattr(result, 'rollback_verdict', None) or '?'}"
+def outcome_from_result(result: DeployResult) -> HostOutcome:
+    """A single-host command's DeployResult -> the roll-out's HostOutcome."""
+    verdict = str(result.verdict)
+    if result.rolled_back_to:
+        verdict += f", rolled back to {result.rolled_back_to}: {result.rollback_verdict or '?'}"
     return HostOutcome(
-        host=str(getattr(result, "host", "?")),
-        outcome=Outcome.OK if getattr(result, "ok", False) else Outcome.FAILED,
-        release=getattr(result, "current_after", None) or getattr(result, "release", None),
+        host=result.host,
+        outcome=Outcome.OK if result.ok else Outcome.FAILED,
+        release=result.current_after or result.release,
         verdict=verdict,
-        elapsed_s=float(getattr(result, "elapsed_s", 0.0)),
-        detail=str(getattr(result, "reason", "") or ""),
+        elapsed_s=result.elapsed_s,
+        detail=result.reason,
     )
 
 
@@ -339,3 +309,13 @@ def rollback_action(emit: Progress, **kwargs: object) -> Action:
         return outcome_from_result(pipeline.rollback(host, LineReporter(host.name, emit), **kwargs))  # type: ignore[arg-type]
 
     return act
+
+
+def __getattr__(name: str) -> Any:
+    """``render_report`` and ``summary_line`` moved to opsctl.cli_render (rendering is the CLI layer's); kept
+    reachable here for cli_deploy until it imports them from there."""
+    if name in ("render_report", "summary_line"):
+        from . import cli_render
+
+        return getattr(cli_render, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

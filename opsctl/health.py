@@ -1,9 +1,10 @@
 """Health checks: facts gathered from a host -> pure evaluation -> OK / WARN / CRIT per check and per host.
 
-Shape: ``probe`` (one SSH round trip running a small read-only Python script on the host) returns
-``HostFacts``; ``evaluate`` turns facts + the previous run's record into ``HostHealth`` with no I/O;
-renderers turn results into a rich table, JSON, or a Prometheus textfile; ``HealthHistory`` keeps one JSON line
-per host and run on the machine running opsctl (the NRestarts baseline for the crash-loop check lives there).
+Shape: ``ssh_probe`` (one SSH round trip running opsctl.host.probe's command: the host facts and a small
+read-only Python script) returns ``HostFacts``; ``evaluate`` turns facts + the previous run's record into
+``HostHealth`` with no I/O; ``check_hosts`` does that for many hosts at once (opsctl.fanout); ``HealthHistory``
+keeps one JSON line per host and run on the machine running opsctl (the NRestarts baseline for the crash-loop
+check lives there). This module returns data: the table, JSON and Prometheus text are opsctl.cli_render's.
 
 Exit codes: 0 when every host is OK, 1 when the worst is WARN, 2 when any host is CRIT (an unreachable host is
 CRIT). A check that does not apply to a host (no GPU expected, no HTTP port in replay mode) is ``skip`` and never
@@ -13,25 +14,21 @@ changes the verdict.
 from __future__ import annotations
 
 import json
-import math
 import os
-import shlex
 import socket
 import tempfile
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-from rich.text import Text
-
 from .errors import OpsError
+from .fanout import DEFAULT_WORKERS, run_on_hosts
 from .gate import GateState, LineVerdict
+from .host import probe as host_probe
+from .host.facts import SystemFacts, parse_facts
 from .hoststate import parse_parity_env
 from .inventory import HostConfig
 from .parity import ParityLine, parse_line
@@ -420,102 +417,7 @@ def check_clock(host_time: float | None, local_time: float) -> CheckResult:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Renderers
-
-
-_STYLE = {Level.OK: "green", Level.WARN: "yellow", Level.CRIT: "bold red", Level.SKIP: "dim"}
-
-
-def render_table(results: Sequence[HostHealth]) -> Table:
-    table = Table(title="opsctl health", show_lines=False)
-    table.add_column("host", style="bold")
-    table.add_column("status")
-    for name in CHECK_NAMES[1:]:
-        table.add_column(name)
-    table.add_column("time", justify="right")
-    for r in results:
-        row: list[Text | str] = [r.host, Text(r.level.value.upper(), style=_STYLE[r.level])]
-        ssh = r.check("ssh")
-        unreachable = ssh is not None and ssh.level is Level.CRIT
-        for name in CHECK_NAMES[1:]:
-            c = r.check(name)
-            if c is None:
-                row.append("")
-            elif unreachable and name == "unit":
-                row.append(Text(ssh.detail if ssh else "", style=_STYLE[Level.CRIT]))
-            else:
-                short = c.detail if len(c.detail) <= 40 else c.detail[:39] + "…"
-                label = c.level.value if c.level in (Level.OK, Level.SKIP) else f"{c.level.value}: {short}"
-                row.append(Text(label if c.level is not Level.SKIP else "n/a", style=_STYLE[c.level]))
-        row.append(f"{r.elapsed_s:.2f}s")
-        table.add_row(*row)
-    return table
-
-
-def details(results: Sequence[HostHealth]) -> list[str]:
-    """One line per check that is not OK, for people reading below the table."""
-    lines = []
-    for r in results:
-        for c in r.checks:
-            if c.level in (Level.WARN, Level.CRIT):
-                lines.append(f"{r.host} {c.name} {c.level.value.upper()}: {c.detail}")
-    return lines
-
-
-def to_json(results: Sequence[HostHealth]) -> dict[str, Any]:
-    return {"status": ["ok", "warn", "crit"][exit_code(results)], "hosts": [r.to_dict() for r in results]}
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def render_prometheus(results: Sequence[HostHealth]) -> str:
-    """node_exporter textfile-collector format. Skipped checks are left out (no sample means n/a)."""
-    metrics: list[tuple[str, str, list[tuple[dict[str, str], float]]]] = [
-        ("opsctl_health_status", "Overall host health: 0 OK, 1 WARN, 2 CRIT.", []),
-        ("opsctl_health_check_status", "One check on one host: 0 OK, 1 WARN, 2 CRIT.", []),
-        ("opsctl_health_check_duration_seconds", "Wall time of the health probe of a host.", []),
-        ("opsctl_health_last_run_timestamp_seconds", "When the host was last checked (epoch seconds).", []),
-        ("opsctl_health_unit_restarts", "Automatic restarts of the service unit since the last check.", []),
-        ("opsctl_health_parity_rel", "Relative error of the parity line the parity check judged.", []),
-        ("opsctl_health_disk_free_bytes", "Free bytes on the release root's filesystem.", []),
-    ]
-    by_name = {m[0]: m[2] for m in metrics}
-    for r in results:
-        host = {"host": r.host}
-        by_name["opsctl_health_status"].append((host, float(r.level.severity)))
-        for c in r.checks:
-            if c.level is not Level.SKIP:
-                by_name["opsctl_health_check_status"].append(({**host, "check": c.name}, float(c.level.severity)))
-        by_name["opsctl_health_check_duration_seconds"].append((host, r.elapsed_s))
-        by_name["opsctl_health_last_run_timestamp_seconds"].append((host, r.checked_at))
-        for check, metric, scale in (
-            ("unit", "opsctl_health_unit_restarts", 1.0),
-            ("parity", "opsctl_health_parity_rel", 1.0),
-            ("disk", "opsctl_health_disk_free_bytes", 1024.0 * 1024.0),
-        ):
-            c = r.check(check)
-            if c is not None and c.value is not None and c.level is not Level.SKIP:
-                by_name[metric].append((host, c.value * scale))
-    out: list[str] = []
-    for name, help_text, samples in metrics:
-        if not samples:
-            continue
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} gauge")
-        for labels, value in samples:
-            text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-            out.append(f"{name}{{{text}}} {_number(value)}")
-    return "\n".join(out) + "\n"
-
-
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+# Local files
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
@@ -590,139 +492,36 @@ class HealthHistory:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Probe: the I/O edge. One SSH round trip runs PROBE_SCRIPT with the host's parameters as JSON and reads back JSON.
-
-PROBE_SCRIPT = r"""
-import hashlib, json, os, subprocess, sys, time, urllib.request
-p = json.loads(sys.argv[1])
-out = {"host_time": time.time()}
-
-def run(argv, timeout=20):
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        return r.returncode, r.stdout, r.stderr
-    except FileNotFoundError:
-        return 127, "", argv[0] + ": not found"
-    except subprocess.TimeoutExpired:
-        return 124, "", argv[0] + ": timed out"
-
-rc, so, se = run(["systemctl", "show", p["unit"], "--property=LoadState,ActiveState,SubState,NRestarts,InvocationID"])
-out["unit"] = dict(l.split("=", 1) for l in so.splitlines() if "=" in l)
-inv = out["unit"].get("InvocationID", "")
-
-if p["http_url"]:
-    t0 = time.monotonic()
-    try:
-        with urllib.request.urlopen(p["http_url"], timeout=p["http_timeout"]) as r:
-            out["http"] = {"status": r.status, "elapsed_s": time.monotonic() - t0}
-    except urllib.error.HTTPError as e:
-        out["http"] = {"status": e.code, "elapsed_s": time.monotonic() - t0}
-    except Exception as e:
-        out["http"] = {"error": type(e).__name__ + ": " + str(e)[:200], "elapsed_s": time.monotonic() - t0}
-
-if p["gpu"]:
-    rc, so, se = run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"])
-    out["gpu"] = {"rc": rc, "stdout": so, "stderr": se[-500:]}
-
-root = p["root"]
-cur = os.path.join(root, "current")
-try:
-    target = os.readlink(cur)
-    out["release"] = os.path.basename(target.rstrip("/"))
-    base = os.path.realpath(cur)
-    hashes = {}
-    for d, dirs, files in os.walk(base):
-        dirs[:] = sorted(x for x in dirs if x not in ("__pycache__",))
-        for f in files:
-            full = os.path.join(d, f)
-            rel = os.path.relpath(full, base)
-            if os.path.islink(full) or not os.path.isfile(full) or rel == "manifest.json":
-                continue
-            if os.path.getsize(full) > p["max_hash_bytes"]:
-                hashes[rel] = "too-large"
-                continue
-            h = hashlib.sha256()
-            with open(full, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-            hashes[rel] = h.hexdigest()
-    out["hashes"] = hashes
-    try:
-        with open(os.path.join(base, "manifest.json")) as fh:
-            out["manifest"] = fh.read(4 << 20)
-    except OSError as e:
-        out["manifest_error"] = str(e)
-except OSError as e:
-    out["release_error"] = str(e)
-
-if inv:
-    argv = ["journalctl", "-u", p["unit"], "_SYSTEMD_INVOCATION_ID=" + inv, "--since", "-%ds" % p["window"],
-            "-o", "json", "--output-fields=MESSAGE", "--no-pager", "-q"]
-    rc, so, se = run(argv)
-    if rc != 0:
-        out["journal_error"] = (se.strip() or "journalctl exited %d" % rc)[-300:]
-    else:
-        lines = []
-        for l in so.splitlines():
-            try:
-                e = json.loads(l)
-            except ValueError:
-                continue
-            m = e.get("MESSAGE")
-            if isinstance(m, list):
-                m = bytes(m).decode("utf-8", "replace")
-            if isinstance(m, str) and "[kdtree]" in m:
-                lines.append([int(e.get("__REALTIME_TIMESTAMP", "0")) / 1e6, m])
-        out["parity_lines"] = lines[-p["max_lines"]:]
-
-try:
-    with open(os.path.join(root, "state", "parity.env")) as fh:
-        out["parity_env"] = fh.read(4096)
-except OSError:
-    pass
-
-d = root
-while not os.path.isdir(d) and d != "/":
-    d = os.path.dirname(d)
-st = os.statvfs(d)
-out["disk_free_mb"] = st.f_bavail * st.f_frsize / 1048576
-
-lock = os.path.join(root, "state", "lock")
-if os.path.lexists(lock):
-    info = {"age_s": time.time() - os.lstat(lock).st_mtime, "text": ""}
-    try:
-        with open(os.path.join(lock, "owner.json") if os.path.isdir(lock) else lock, errors="replace") as fh:
-            info["text"] = fh.read(4096)
-    except OSError as e:
-        info["text"] = "unreadable: " + str(e)
-    out["lock"] = info
-print(json.dumps(out))
-"""
+# Probe: the I/O edge. One SSH round trip runs opsctl.host.probe's command: the host facts, then a JSON document.
 
 
 def health_url(host: HostConfig) -> str:
-    """The service's health endpoint on the host itself: the inventory's http_path is the URL's path, never
-    part of its authority (a validated path starts with one '/', so it cannot name another host)."""
-    return urllib.parse.urlunsplit(("http", f"127.0.0.1:{host.service.port}", host.health.http_path, "", ""))
+    """The service's health endpoint on the host itself (opsctl.host.probe.health_url)."""
+    return host_probe.health_url(host.service.port, host.health.http_path)
 
 
-def probe_command(host: HostConfig) -> str:
-    params = {
-        "unit": host.unit,
-        "root": host.root,
-        "http_url": None if host.service.mode == "replay" else health_url(host),
-        "http_timeout": host.health.http_timeout_s,
-        "gpu": host.gpu_arch is not None,
-        "window": host.health.parity_window_s,
-        "max_lines": 2000,
-        "max_hash_bytes": 512 << 20,
-    }
-    # The host's own python3 (every host has one; sglang's venv python is not needed for a read-only probe).
-    return f"python3 -c {shlex.quote(PROBE_SCRIPT)} {shlex.quote(json.dumps(params))}"
+def probe_command(host: HostConfig, python: str = "python3") -> str:
+    return host_probe.probe_command(
+        host_probe.ProbeParams(
+            unit=host.unit,
+            root=host.root,
+            http_url=None if host.service.mode == "replay" else health_url(host),
+            http_timeout_s=host.health.http_timeout_s,
+            parity_window_s=host.health.parity_window_s,
+        ),
+        python,
+    )
+
+
+def read_probe(stdout: str) -> tuple[SystemFacts, dict[str, Any]]:
+    """The probe's output -> (the host facts, the script's JSON). ValueError when it is not the probe's."""
+    facts_text, raw = host_probe.split_probe_output(stdout)
+    return parse_facts(facts_text), raw
 
 
 def facts_from_probe(
     host: HostConfig,
+    system: SystemFacts,
     raw: Mapping[str, Any],
     *,
     local_time: float,
@@ -731,8 +530,8 @@ def facts_from_probe(
     pid_alive: Callable[[int], bool],
     local_hostname: str,
 ) -> HostFacts:
-    """The probe's JSON -> HostFacts. The format knowledge of other modules comes in as functions."""
-    u = raw.get("unit") or {}
+    """The probe's findings -> HostFacts. The format knowledge of other modules comes in as functions."""
+    u = system.unit
     n_restarts = u.get("NRestarts")
     unit = UnitFacts(
         load_state=u.get("LoadState", ""),
@@ -746,17 +545,9 @@ def facts_from_probe(
         h = raw["http"]
         http = HttpFacts(status=h.get("status"), elapsed_s=h.get("elapsed_s"), error=h.get("error"))
     gpu = None
-    if "gpu" in raw:
-        g = raw["gpu"]
-        if g.get("rc") != 0:
-            gpu = GpuFacts(error=f"nvidia-smi failed (rc {g.get('rc')}): {(g.get('stderr') or '').strip()[-200:]}")
-        else:
-            rows = tuple(
-                (parts[0].strip(), parts[-1].strip())
-                for line in g.get("stdout", "").splitlines()
-                if (parts := line.split(",")) and len(parts) >= 2
-            )
-            gpu = GpuFacts(gpus=rows)
+    if host.gpu_arch is not None:  # a GPU nobody expects is not looked at
+        rows = tuple((g.name, g.compute_cap) for g in system.gpus if g.compute_cap is not None)
+        gpu = GpuFacts(error=system.gpu_error) if system.gpu_error else GpuFacts(gpus=rows)
     if "release_error" in raw:
         drift = DriftFacts(error=f"no current release ({host.root}/current: {_strip_errno(raw['release_error'])})")
     elif "manifest" in raw:
@@ -794,7 +585,7 @@ def facts_from_probe(
         parity=tuple(samples),
         parity_error=raw.get("journal_error"),
         parity_token=parse_parity_env(raw.get("parity_env") or ""),
-        disk_free_mb=raw.get("disk_free_mb"),
+        disk_free_mb=None if system.disk_avail_kb is None else system.disk_avail_kb / 1024,
         lock=lock,
         host_time=raw.get("host_time"),
         local_time=local_time,
@@ -839,7 +630,7 @@ def check_hosts(
     probe: ProbeFn,
     history: HealthHistory | None = None,
     *,
-    max_workers: int = 16,
+    max_workers: int = DEFAULT_WORKERS,
 ) -> HealthRun:
     """Probe every host (in parallel), evaluate against the history, append the new records."""
     latest = history.latest() if history else {}
@@ -849,9 +640,7 @@ def check_hosts(
         previous = PreviousRun(rec.get("n_restarts"), rec.get("invocation_id")) if rec else None
         return evaluate(host, probe(host), previous)
 
-    workers = max(1, min(max_workers, len(hosts)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="health") as pool:
-        results = tuple(pool.map(one, hosts))
+    results = tuple(run_on_hosts(hosts, one, workers=max_workers, thread_name_prefix="health").values())
     if history is not None:
         history.append(results)
     return HealthRun(results)
@@ -878,9 +667,7 @@ def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFac
     try:
         with connect(host, accept_new_host_key=accept_new_host_key) as r:
             res = r.run(probe_command(host), timeout=host.health.http_timeout_s + 60, check=True)
-        raw = json.loads(res.stdout)
-        if not isinstance(raw, dict):
-            raise ValueError("probe answered something other than a JSON object")
+        system, raw = read_probe(res.stdout)
     except OpsError as e:
         return unreachable_facts(host, e, time.monotonic() - t0)
     except ValueError as e:
@@ -889,6 +676,7 @@ def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFac
         )
     return facts_from_probe(
         host,
+        system,
         raw,
         local_time=time.time(),
         elapsed_s=time.monotonic() - t0,

@@ -1,12 +1,13 @@
-"""The layout of a release root on a host (docs/release-layout.md), and the operations on it.
+"""The state of a release root on a host (docs/release-layout.md), and the operations on it.
 
 <root>/releases/<id>/   one release (kernel/ backend/ deploy/ systemd/ manifest.json, built extension, unit.service)
 <root>/current          symlink -> releases/<id>, switched by rename(2) of a temp symlink
 <root>/state/           managed.json, history.jsonl, lock/ (atomic mkdir + owner.json), bad/<id>, last-good,
                         cursors/
 
-Parsing and choices (snapshot parsing, which releases to clean up) are pure; the functions taking a remote
-run one quoted command each. Nothing here ever deletes outside ``<root>/releases`` and ``<root>/state/lock``.
+The commands are built in opsctl.host (layout, lock, facts); here they are run and their output read. Parsing
+and choices (snapshot parsing, which releases to clean up) are pure; the functions taking a remote run one
+command each. Nothing here ever deletes outside ``<root>/releases`` and ``<root>/state/lock``.
 """
 
 from __future__ import annotations
@@ -16,86 +17,58 @@ import getpass
 import json
 import os
 import secrets
-import shlex
 import socket
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from .errors import DeployFailed, LockHeld
-from .release import ADOPTED_ID_RE, ID_RE
+from .errors import LockHeld
+from .host import layout as host_layout
+from .host import lock as host_lock
+from .host.facts import parse_facts
+from .host.layout import Layout, check_id, snapshot_command, valid_id
+from .host.lock import LOCK_LEASE_S, UNLEASED_LOCK_S
+from .host.remote import CommandResultLike, Remote
+from .host.replay import PARITY_TOKEN_VAR
+from .release import ADOPTED_ID_RE
 
-
-class CommandResultLike(Protocol):
-    rc: int
-    stdout: str
-    stderr: str
-
-
-class Remote(Protocol):
-    def run(self, cmd: str | list[str], *, timeout: float | None = ..., check: bool = ..., stdin: Any = ...) -> Any: ...
-    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None: ...
-    def read_file(self, path: str) -> bytes: ...
-
-
-def valid_id(release: str) -> bool:
-    return bool(ID_RE.match(release) or ADOPTED_ID_RE.match(release))
-
-
-def check_id(release: str) -> str:
-    if not valid_id(release):
-        raise DeployFailed(f"{release!r} is not a release id (like r0123456789ab)")
-    return release
-
-
-@dataclass(frozen=True)
-class Layout:
-    root: str
-
-    @property
-    def releases(self) -> str:
-        return f"{self.root}/releases"
-
-    @property
-    def current(self) -> str:
-        return f"{self.root}/current"
-
-    @property
-    def state(self) -> str:
-        return f"{self.root}/state"
-
-    @property
-    def lock(self) -> str:
-        return f"{self.state}/lock"
-
-    @property
-    def history(self) -> str:
-        return f"{self.state}/history.jsonl"
-
-    @property
-    def bad(self) -> str:
-        return f"{self.state}/bad"
-
-    @property
-    def last_good(self) -> str:
-        return f"{self.state}/last-good"
-
-    @property
-    def managed(self) -> str:
-        return f"{self.state}/managed.json"
-
-    @property
-    def parity_env(self) -> str:
-        """The unit's EnvironmentFile holding this invocation's parity token (root-only, rewritten per restart)."""
-        return f"{self.state}/parity.env"
-
-    @property
-    def cursors(self) -> str:
-        return f"{self.state}/cursors"
-
-    def release(self, release: str) -> str:
-        return f"{self.releases}/{check_id(release)}"
+# Re-exported for opsctl.deploy and cli_deploy, which import them from here (their home is opsctl.host).
+__all__ = [
+    "LOCK_LEASE_S",
+    "PARITY_TOKEN_VAR",
+    "UNLEASED_LOCK_S",
+    "CommandResultLike",
+    "HostSnapshot",
+    "Layout",
+    "LockOwner",
+    "Remote",
+    "UnitInfo",
+    "acquire_lock",
+    "append_history",
+    "check_id",
+    "describe_owner",
+    "ensure_layout",
+    "mark_bad",
+    "new_parity_token",
+    "parse_history",
+    "parse_parity_env",
+    "parse_snapshot",
+    "read_history",
+    "read_parity_token",
+    "read_snapshot",
+    "release_lock",
+    "release_verdicts",
+    "remove_releases",
+    "renew_lock",
+    "select_for_removal",
+    "set_last_good",
+    "snapshot_command",
+    "switch_current",
+    "utc_now",
+    "valid_id",
+    "write_parity_token",
+]
 
 
 # ---------------------------------------------------------------------------------------------- snapshot (pure)
@@ -165,26 +138,6 @@ class HostSnapshot:
         return not self.unit.exists and not self.other_root_entries
 
 
-def snapshot_command(root: str, unit: str) -> str:
-    r, u = shlex.quote(root), shlex.quote(unit + ".service")
-    return f"""R={r}; U={u}
-echo "root_exists=$(test -d "$R" && echo 1 || echo 0)"
-echo "managed=$(cat "$R/state/managed.json" 2>/dev/null | tr -d '\\n')"
-echo "current=$(readlink "$R/current" 2>/dev/null)"
-for d in "$R"/releases/*/; do [ -d "$d" ] && echo "release=$(stat -c %Y "$d") $(basename "$d")"; done
-for f in "$R"/state/bad/*; do [ -f "$f" ] && echo "bad=$(basename "$f") $(head -c 800 "$f" | tr -d '\\n')"; done
-echo "last_good=$(cat "$R/state/last-good" 2>/dev/null)"
-if [ -d "$R/state/lock" ]; then echo "lock_present=1"; echo "lock=$(cat "$R/state/lock/owner.json" 2>/dev/null | tr -d '\\n')"; echo "lock_boot=$(cat "$R/state/lock/boot_id" 2>/dev/null)"; echo "lock_lease=$(cat "$R/state/lock/lease" 2>/dev/null || echo $(( $(stat -c %Y "$R/state/lock") + {int(UNLEASED_LOCK_S)} )))"; fi
-echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
-if [ -d "$R" ]; then for e in "$R"/*; do [ -e "$e" ] && echo "entry=$(basename "$e")"; done; fi
-P="$R"; while [ ! -d "$P" ]; do P=$(dirname "$P"); done
-echo "free_mb=$(df -Pm "$P" | awk 'NR==2{{print $4}}')"
-systemctl show -p LoadState,ActiveState,SubState,FragmentPath,NRestarts,InvocationID,Result,DropInPaths "$U" 2>/dev/null | sed 's/^/unit./'
-if command -v nvidia-smi >/dev/null 2>&1; then echo "gpu_cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | sort -u | tr '\\n' ' ')"; fi
-echo "now=$(date +%s)"
-"""
-
-
 def _json_or_none(text: str) -> dict[str, Any] | None:
     if not text:
         return None
@@ -203,12 +156,13 @@ def _float_or_none(text: str) -> float | None:
 
 
 def parse_snapshot(stdout: str) -> HostSnapshot:
+    """snapshot_command's output -> HostSnapshot (the host facts in it are read by opsctl.host.facts)."""
+    facts = parse_facts(stdout)
     kv: dict[str, str] = {}
     releases: dict[str, float] = {}
     bad: set[str] = set()
     bad_reasons: dict[str, str] = {}
     entries: list[str] = []
-    unit: dict[str, str] = {}
     for line in stdout.splitlines():
         key, sep, value = line.partition("=")
         if not sep:
@@ -225,13 +179,11 @@ def parse_snapshot(stdout: str) -> HostSnapshot:
                 bad_reasons[name] = reason
         elif key == "entry":
             entries.append(value)
-        elif key.startswith("unit."):
-            unit[key[5:]] = value
         else:
             kv[key] = value
     current_link = kv.get("current", "")
     current = current_link.rstrip("/").rsplit("/", 1)[-1] if current_link else None
-    free = kv.get("free_mb", "")
+    unit = facts.unit
     info = UnitInfo(
         load_state=unit.get("LoadState", "not-found"),
         active_state=unit.get("ActiveState", "inactive"),
@@ -251,9 +203,9 @@ def parse_snapshot(stdout: str) -> HostSnapshot:
         last_good=kv.get("last_good") or None,
         lock_owner=_json_or_none(kv.get("lock", "")),
         lock_present=kv.get("lock_present") == "1",
-        free_mb=int(free) if free.isdigit() else None,
+        free_mb=facts.disk_free_mb,
         unit=info,
-        gpu_compute_caps=tuple(kv.get("gpu_cc", "").split()),
+        gpu_compute_caps=facts.compute_caps,
         now=float(kv.get("now") or 0),
         other_root_entries=tuple(e for e in entries if e not in ("releases", "state", "current")),
         boot_id=kv.get("boot_id", ""),
@@ -286,9 +238,9 @@ def select_for_removal(releases: dict[str, float], keep: int, protected: Iterabl
 
 
 def remove_releases(r: Remote, layout: Layout, ids: Iterable[str]) -> None:
-    paths = [layout.release(i) for i in ids]  # check_id refuses anything that is not a release id
-    if paths:
-        r.run(["rm", "-rf", "--", *paths], timeout=600)
+    argv = host_layout.remove_releases_argv(layout, ids)  # refuses anything that is not a release id
+    if argv:
+        r.run(argv, timeout=600)
 
 
 # ------------------------------------------------------------------------------------------------ lock
@@ -326,12 +278,6 @@ def describe_owner(owner: dict[str, Any] | None) -> str:
     return f"{owner.get('user', '?')}@{owner.get('client', '?')} pid {owner.get('pid', '?')} since {owner.get('since', '?')} ({owner.get('command', '?')})"
 
 
-LOCK_LEASE_S = 120.0  # a lock's lease; the run holding it renews it every third of that (LeaseKeeper)
-# A lock directory without a lease file (its taker died between mkdir and writing it) expires this long after
-# the directory was made.
-UNLEASED_LOCK_S = 60.0
-
-
 def acquire_lock(
     r: Remote, layout: Layout, owner: LockOwner, host_name: str, lease_s: float = LOCK_LEASE_S
 ) -> str | None:
@@ -340,25 +286,7 @@ def acquire_lock(
     Idempotent for its owner: when the reply to an earlier attempt was lost, the retry finds its own token and
     succeeds. A lock from an earlier boot of the host, or whose lease ran out, is taken over; the old owner's
     description is returned then (for a warning). A lock held by a live lease raises ``LockHeld``."""
-    lock, state = shlex.quote(layout.lock), shlex.quote(layout.state)
-    owner_file = shlex.quote(f"{layout.lock}/owner.json")
-    boot_file = shlex.quote(f"{layout.lock}/boot_id")
-    lease_file = shlex.quote(f"{layout.lock}/lease")
-    token = shlex.quote(owner.token)
-    take = (
-        f"printf '%s\\n' {shlex.quote(owner.to_json())} > {owner_file} && cp /proc/sys/kernel/random/boot_id {boot_file} "
-        f"&& echo $(( $(date +%s) + {int(lease_s)} )) > {lease_file}"
-    )
-    cmd = (
-        f"B=$(cat /proc/sys/kernel/random/boot_id); NOW=$(date +%s); mkdir -p {state} && "
-        f"if mkdir {lock} 2>/dev/null; then {take} && echo ACQUIRED; "
-        f"elif grep -qF {token} {owner_file} 2>/dev/null; then {take} && echo ACQUIRED; "
-        f"else L=$(cat {lease_file} 2>/dev/null || echo $(( $(stat -c %Y {lock}) + {int(UNLEASED_LOCK_S)} ))); "
-        f'if [ -f {boot_file} ] && [ "$(cat {boot_file})" != "$B" ]; then W=STALE; '
-        f'elif [ "$NOW" -ge "$L" ] 2>/dev/null; then W=EXPIRED; else W=HELD; fi; '
-        f'if [ "$W" = HELD ]; then echo "HELD $(( L - NOW ))"; cat {owner_file} 2>/dev/null || true; '
-        f'else echo "$W $(( NOW - L ))"; cat {owner_file} 2>/dev/null; echo; rm -rf -- {lock} && mkdir {lock} && {take} && echo ACQUIRED; fi; fi'
-    )
+    cmd = host_lock.acquire_command(layout.state, layout.lock, owner.to_json(), owner.token, lease_s)
     out = r.run(cmd, timeout=60).stdout
     first, _, rest = out.partition("\n")
     word, _, figure = first.strip().partition(" ")
@@ -378,25 +306,15 @@ def acquire_lock(
 
 def renew_lock(r: Remote, layout: Layout, owner: LockOwner, lease_s: float = LOCK_LEASE_S) -> bool:
     """Extend our lease (only while the lock is still ours). False when it is not ours any more."""
-    owner_file = shlex.quote(f"{layout.lock}/owner.json")
-    lease_file = shlex.quote(f"{layout.lock}/lease")
-    out = r.run(
-        f"if grep -qF {shlex.quote(owner.token)} {owner_file} 2>/dev/null; then "
-        f"echo $(( $(date +%s) + {int(lease_s)} )) > {lease_file} && echo RENEWED; fi",
-        timeout=60,
-    )
+    out = r.run(host_lock.renew_command(layout.lock, owner.token, lease_s), timeout=60)
     return "RENEWED" in out.stdout
 
 
 def release_lock(r: Remote, layout: Layout, owner: LockOwner | None) -> bool:
     """Release our lock (only if the token is ours), or any lock when ``owner`` is None (forced)."""
-    lock = shlex.quote(layout.lock)
+    out = r.run(host_lock.release_command(layout.lock, owner.token if owner else None), timeout=60)
     if owner is None:
-        r.run(f"rm -rf -- {lock}", timeout=60)
         return True
-    owner_file = shlex.quote(f"{layout.lock}/owner.json")
-    token = shlex.quote(owner.token)
-    out = r.run(f"if grep -qF {token} {owner_file} 2>/dev/null; then rm -rf -- {lock}; echo RELEASED; fi", timeout=60)
     return "RELEASED" in out.stdout
 
 
@@ -409,22 +327,13 @@ def utc_now() -> str:
 
 def ensure_layout(r: Remote, layout: Layout, *, adopted: bool) -> None:
     doc = json.dumps({"since": utc_now(), "adopted": adopted, "by": f"{getpass.getuser()}@{socket.gethostname()}"})
-    dirs = [layout.releases, layout.state, layout.bad, layout.cursors]
-    managed = shlex.quote(layout.managed)
-    r.run(
-        f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)} && "
-        f"{{ test -f {managed} || printf '%s\\n' {shlex.quote(doc)} > {managed}; }}",
-        timeout=60,
-    )
+    r.run(host_layout.ensure_layout_command(layout, doc), timeout=60)
 
 
 def append_history(r: Remote, layout: Layout, record: dict[str, Any]) -> None:
     """One JSON line per event; one small append (< PIPE_BUF) so concurrent readers never see half a line."""
     line = json.dumps({"at": utc_now(), **record}, sort_keys=True, default=str)
-    r.run(
-        f"mkdir -p {shlex.quote(layout.state)} && printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(layout.history)}",
-        timeout=60,
-    )
+    r.run(host_layout.append_history_command(layout, line), timeout=60)
 
 
 def parse_history(text: str) -> list[dict[str, Any]]:
@@ -440,22 +349,14 @@ def parse_history(text: str) -> list[dict[str, Any]]:
 
 
 def read_history(r: Remote, layout: Layout) -> list[dict[str, Any]]:
-    res = r.run(f"cat {shlex.quote(layout.history)} 2>/dev/null || true", timeout=60)
+    res = r.run(host_layout.read_history_command(layout), timeout=60)
     return parse_history(res.stdout)
 
 
 def switch_current(r: Remote, layout: Layout, release: str) -> None:
     """New symlink under a temp name, then rename(2) over ``current``: readers see the old or the new, never none."""
-    target = f"releases/{check_id(release)}"
-    tmp = f"{layout.root}/.current.tmp-{uuid.uuid4().hex[:8]}"
-    r.run(
-        f"test -d {shlex.quote(layout.release(release))} && ln -sfn {shlex.quote(target)} {shlex.quote(tmp)} "
-        f"&& mv -Tf {shlex.quote(tmp)} {shlex.quote(layout.current)}",
-        timeout=60,
-    )
-
-
-PARITY_TOKEN_VAR = "KDTREE_PARITY_TOKEN"  # read by kdtree_backend.lines; systemd passes it to the unit
+    tmp_name = f".current.tmp-{uuid.uuid4().hex[:8]}"
+    r.run(host_layout.switch_current_command(layout, release, tmp_name), timeout=60)
 
 
 def new_parity_token() -> str:
@@ -464,13 +365,13 @@ def new_parity_token() -> str:
 
 def write_parity_token(r: Remote, layout: Layout, token: str) -> None:
     """Hand the next invocation of the unit its parity token (EnvironmentFile, read by systemd at each start)."""
-    r.run(["mkdir", "-p", "-m", "0700", "--", layout.state], timeout=60)
+    r.run(host_layout.make_private_dir_argv(layout.state), timeout=60)
     r.write_file(layout.parity_env, f"{PARITY_TOKEN_VAR}={token}\n", mode=0o600)
 
 
 def read_parity_token(r: Remote, layout: Layout) -> str | None:
     """The token the running invocation was started with (None before the first opsctl restart)."""
-    res = r.run(f"cat -- {shlex.quote(layout.parity_env)} 2>/dev/null || true", timeout=60)
+    res = r.run(host_layout.read_quietly_command(layout.parity_env), timeout=60)
     return parse_parity_env(res.stdout)
 
 

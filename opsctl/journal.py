@@ -10,14 +10,26 @@ handed out, so after an SSH drop the next poll resumes exactly there and no line
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from .gate import UnitObservation
+from .host import journal as host_journal
+from .host.facts import parse_systemctl_show
+from .host.journal import SEPARATOR, mark_command
 
-SEPARATOR = "--- opsctl journal ---"
-_FIELDS = "MESSAGE,_SYSTEMD_INVOCATION_ID,__REALTIME_TIMESTAMP"
+# mark_command's home is opsctl.host.journal; re-exported for deploy.py, which imports it from here.
+__all__ = [
+    "SEPARATOR",
+    "Entry",
+    "Follower",
+    "Mark",
+    "mark_command",
+    "message_text",
+    "parse_entries",
+    "parse_mark",
+    "parse_unit_show",
+]
 
 
 @dataclass(frozen=True)
@@ -36,14 +48,6 @@ class Entry:
     message: str
     invocation: str
     realtime_us: int
-
-
-def mark_command(unit: str) -> str:
-    u = shlex.quote(unit + ".service")
-    return (
-        f"systemctl show -p InvocationID --value {u}; "
-        f"journalctl -n 1 -o json --output-fields=__CURSOR --no-pager -q 2>/dev/null | tail -n 1"
-    )
 
 
 def parse_mark(stdout: str) -> Mark:
@@ -90,7 +94,7 @@ def parse_entries(text: str) -> list[Entry]:
 
 
 def parse_unit_show(text: str) -> UnitObservation:
-    kv = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+    kv = parse_systemctl_show(text)
     return UnitObservation(
         active_state=kv.get("ActiveState", "unknown"),
         sub_state=kv.get("SubState", "unknown"),
@@ -113,12 +117,7 @@ class Follower:
             self.cursor = self.mark.cursor
 
     def poll_command(self) -> str:
-        u = shlex.quote(self.unit + ".service")
-        after = f" --after-cursor={shlex.quote(self.cursor)}" if self.cursor else ""
-        return (
-            f"systemctl show -p ActiveState,SubState,NRestarts,InvocationID,Result {u}; echo {shlex.quote(SEPARATOR)}; "
-            f"journalctl _SYSTEMD_UNIT={u} -o json --output-fields={_FIELDS} --no-pager -q{after}"
-        )
+        return host_journal.poll_command(self.unit, self.cursor)
 
     def ingest(self, stdout: str) -> tuple[UnitObservation, list[Entry]]:
         """One poll's output -> the unit's state and the new invocation's entries not handed out before."""

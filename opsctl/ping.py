@@ -1,25 +1,24 @@
 """`opsctl ping`: is a host reachable, does ssh auth work, and what does it look like (systemd, the unit, GPUs,
-free disk on the release root's filesystem). One SSH session and one remote command per host."""
+free disk on the release root's filesystem). One SSH session and one remote command per host: the host-facts
+probe of opsctl.host.facts."""
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .errors import AuthFailed, HostKeyMismatch, HostKeyUnknown, OpsError
+from .fanout import DEFAULT_WORKERS, run_on_hosts
+from .host.facts import Gpu, facts_command, parse_facts
 from .inventory import HostConfig
 from .ssh import connect
 
 FACTS_TIMEOUT_S = 30.0
+# What ping shows of the unit (the probe reads more for the snapshot and health).
+PING_UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "NRestarts", "MainPID")
 
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    compute_cap: str | None
+__all__ = ["FACTS_TIMEOUT_S", "Gpu", "HostFacts", "facts_script", "ping", "ping_many"]
 
 
 @dataclass(frozen=True)
@@ -58,47 +57,8 @@ class HostFacts:
 
 
 def facts_script(host: HostConfig) -> str:
-    """The one command that gathers a host's facts as ``key=value`` lines (parsed by ``parse_facts``)."""
-    unit = shlex.quote(f"{host.unit}.service")
-    root = shlex.quote(host.root)
-    return "; ".join(
-        [
-            'echo "hostname=$(hostname)"',
-            'echo "kernel=$(uname -r)"',
-            "echo \"systemd_version=$(systemctl --version 2>/dev/null | head -n1 | awk '{print $2}')\"",
-            'echo "system_state=$(systemctl is-system-running 2>/dev/null)"',
-            'echo "sshd_active=$(systemctl is-active ssh.service 2>/dev/null || systemctl is-active sshd.service 2>/dev/null)"',
-            f"systemctl show {unit} -p LoadState -p ActiveState -p SubState -p NRestarts -p MainPID 2>/dev/null"
-            " | sed 's/^/unit./'",
-            "if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi --query-gpu=name,compute_cap"
-            " --format=csv,noheader 2>/dev/null | sed 's/^/gpu=/'; fi",
-            f'p={root}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; echo "disk_path=$p"',
-            'df -Pk "$p" | awk \'NR==2 {print "disk_total_kb="$2; print "disk_avail_kb="$4}\'',
-        ]
-    )
-
-
-def parse_facts(stdout: str) -> dict[str, object]:
-    """``key=value`` lines -> facts. Pure."""
-    facts: dict[str, object] = {"unit": {}, "gpus": []}
-    unit: dict[str, str] = facts["unit"]  # type: ignore[assignment]
-    gpus: list[Gpu] = facts["gpus"]  # type: ignore[assignment]
-    for line in stdout.splitlines():
-        key, sep, value = line.partition("=")
-        if not sep:
-            continue
-        value = value.strip()
-        if key.startswith("unit."):
-            unit[key.removeprefix("unit.")] = value
-        elif key == "gpu":
-            name, _, cap = value.rpartition(",")
-            gpus.append(Gpu(name=name.strip() or cap.strip(), compute_cap=cap.strip() if name else None))
-        elif key in ("disk_total_kb", "disk_avail_kb"):
-            if value.isdigit():
-                facts[key.replace("_kb", "_mb")] = int(value) // 1024
-        else:
-            facts[key] = value or None
-    return facts
+    """The one command that gathers a host's facts (opsctl.host.facts)."""
+    return facts_command(host.root, host.unit)
 
 
 def ping(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFacts:
@@ -129,23 +89,24 @@ def ping(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFacts:
         auth=True,
         latency_ms=round(latency, 1),
         sshd_version=sshd_version,
-        hostname=facts.get("hostname"),  # type: ignore[arg-type]
-        kernel=facts.get("kernel"),  # type: ignore[arg-type]
-        systemd_version=facts.get("systemd_version"),  # type: ignore[arg-type]
-        system_state=facts.get("system_state"),  # type: ignore[arg-type]
-        sshd_active=facts.get("sshd_active"),  # type: ignore[arg-type]
-        unit=facts["unit"],  # type: ignore[arg-type]
-        gpus=facts["gpus"],  # type: ignore[arg-type]
-        disk_path=facts.get("disk_path"),  # type: ignore[arg-type]
-        disk_free_mb=facts.get("disk_avail_mb"),  # type: ignore[arg-type]
-        disk_total_mb=facts.get("disk_total_mb"),  # type: ignore[arg-type]
+        hostname=facts.hostname,
+        kernel=facts.kernel,
+        systemd_version=facts.systemd_version,
+        system_state=facts.system_state,
+        sshd_active=facts.sshd_active,
+        unit={k: facts.unit[k] for k in PING_UNIT_PROPERTIES if k in facts.unit},
+        gpus=list(facts.gpus),
+        disk_path=facts.disk_path,
+        disk_free_mb=facts.disk_free_mb,
+        disk_total_mb=facts.disk_total_mb,
         min_free_disk_mb=host.min_free_disk_mb,
     )
 
 
-def ping_many(hosts: Sequence[HostConfig], *, accept_new_host_key: bool = False, workers: int = 16) -> list[HostFacts]:
+def ping_many(
+    hosts: Sequence[HostConfig], *, accept_new_host_key: bool = False, workers: int = DEFAULT_WORKERS
+) -> list[HostFacts]:
     """Ping hosts in parallel; results in the order given."""
-    if len(hosts) <= 1:
-        return [ping(h, accept_new_host_key=accept_new_host_key) for h in hosts]
-    with ThreadPoolExecutor(max_workers=min(workers, len(hosts))) as pool:
-        return list(pool.map(lambda h: ping(h, accept_new_host_key=accept_new_host_key), hosts))
+    return run_on_hosts(
+        hosts, lambda h: ping(h, accept_new_host_key=accept_new_host_key), workers=workers, thread_name_prefix="ping"
+    ).values()

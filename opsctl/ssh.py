@@ -37,6 +37,8 @@ from pathlib import Path
 import paramiko
 
 from .errors import AuthFailed, CommandFailed, CommandTimeout, HostKeyMismatch, HostKeyUnknown, HostUnreachable
+from .host import session as host_session
+from .host.session import RUN_MARKER
 from .inventory import HostConfig
 
 # Paramiko logs a full traceback (at ERROR, from its transport thread) for an expected failure such as a host that
@@ -47,10 +49,17 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 SSH_CONFIG_ENV = "OPSCTL_SSH_CONFIG"
 KEEPALIVE_S = 15
 STDERR_TAIL_LINES = 20
-# Environment marker carried by every process a command starts; the timeout killer finds them by it.
-RUN_MARKER = "OPSCTL_RUN_ID"
 
-__all__ = ["CommandResult", "Endpoint", "Remote", "RsyncStats", "connect", "fingerprint", "resolve_endpoint"]
+__all__ = [
+    "RUN_MARKER",
+    "CommandResult",
+    "Endpoint",
+    "Remote",
+    "RsyncStats",
+    "connect",
+    "fingerprint",
+    "resolve_endpoint",
+]
 
 
 @dataclass(frozen=True)
@@ -417,11 +426,6 @@ class Remote:
     def _use_sudo(self, sudo: bool | None) -> bool:
         return (self.endpoint.user != "root") if sudo is None else sudo
 
-    def _wrap(self, command: str, run_id: str, sudo: bool) -> str:
-        # `env MARKER=id sh -c CMD`: every descendant inherits the marker, so a timeout can find and kill them all.
-        inner = f"env {RUN_MARKER}={run_id} sh -c {shlex.quote(command)}"
-        return f"sudo -n {inner}" if sudo else inner
-
     def _exec(
         self,
         command: str,
@@ -438,7 +442,7 @@ class Remote:
         start = time.monotonic()
         try:
             chan = transport.open_session(timeout=self.endpoint.connect_timeout_s)
-            chan.exec_command(self._wrap(command, run_id, use_sudo))
+            chan.exec_command(host_session.wrap_command(command, run_id, use_sudo))
             if stdin is not None:
                 chan.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
             chan.shutdown_write()
@@ -497,18 +501,13 @@ class Remote:
 
     def _kill(self, run_id: str, sudo: bool) -> None:
         """Kill every process carrying ``run_id`` in its environment: TERM, then KILL what is left."""
-        marker = f"{RUN_MARKER}={run_id}"
-        script = (
-            "scan() { for d in /proc/[0-9]*; do "
-            f'grep -qxzF {shlex.quote(marker)} "$d/environ" 2>/dev/null && echo "${{d#/proc/}}"; '
-            "done; }; "
-            'for sig in TERM TERM KILL KILL KILL; do p=$(scan); [ -z "$p" ] && exit 0; '
-            "kill -s $sig $p 2>/dev/null; sleep 0.3; done; "
-            '[ -z "$(scan)" ]'
-        )
         try:
             self._exec(
-                script, timeout=max(10.0, self.endpoint.connect_timeout_s), sudo=sudo, on_output=None, stdin=None
+                host_session.kill_marked_command(run_id),
+                timeout=max(10.0, self.endpoint.connect_timeout_s),
+                sudo=sudo,
+                on_output=None,
+                stdin=None,
             )
         except (CommandTimeout, HostUnreachable):
             # The caller gets CommandTimeout for the original command either way; a host that vanished has no
@@ -519,18 +518,15 @@ class Remote:
 
     def write_file(self, path: str, data: str | bytes, *, mode: int = 0o644) -> None:
         """Write ``path`` atomically: a temp file beside it, fsync'ed, chmod'ed, then renamed over it."""
-        p = shlex.quote(path)
-        script = (
-            f"set -e; t=$(mktemp {p}.opsctl-XXXXXX); trap 'rm -f \"$t\"' EXIT; "
-            f'cat > "$t"; chmod {mode:o} "$t"; sync "$t" 2>/dev/null || true; mv -f "$t" {p}; trap - EXIT'
-        )
         try:
-            self.run(script, stdin=data if isinstance(data, bytes) else data.encode())
+            self.run(
+                host_session.atomic_write_command(path, mode), stdin=data if isinstance(data, bytes) else data.encode()
+            )
         except CommandFailed as e:  # name the file, not the script
             raise CommandFailed(self.host.name, f"write {path}", e.rc, e.stderr_tail) from None
 
     def read_file(self, path: str) -> bytes:
-        raw = self._exec(f"cat -- {shlex.quote(path)}", timeout=None, sudo=None, on_output=None, stdin=None)
+        raw = self._exec(host_session.cat_command(path), timeout=None, sudo=None, on_output=None, stdin=None)
         if raw.rc != 0:
             raise CommandFailed(self.host.name, f"cat {path}", raw.rc, _tail(raw.stderr.decode("utf-8", "replace")))
         return raw.stdout

@@ -8,14 +8,26 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 from pathlib import Path
-from typing import Protocol
 
+from .host import unit as host_unit
+from .host.remote import Remote
+from .host.unit import UNIT_DIR, verify_command
 from .inventory import HostConfig
 
+# verify_command and UNIT_DIR live in opsctl.host.unit; re-exported for their callers here.
+__all__ = [
+    "UNIT_DIR",
+    "exec_argv",
+    "install",
+    "render",
+    "render_from_tree",
+    "systemd_word",
+    "unit_path",
+    "verify_command",
+]
+
 TEMPLATE_REL = "systemd/sglang-k26-ddtree.service"
-UNIT_DIR = "/etc/systemd/system"
 _PLACEHOLDER_RE = re.compile(r"@@([A-Z_]+)@@")
 # nvidia character-device classes from /proc/devices: GPUs + control, UVM, MIG caps, NVLink/NVSwitch.
 _GPU_DEVICE_CLASSES = (
@@ -112,26 +124,20 @@ def render_from_tree(tree: Path, host: HostConfig) -> str:
 
 
 def unit_path(host: HostConfig) -> str:
-    return f"{UNIT_DIR}/{host.unit}.service"
+    return host_unit.unit_file_path(host.unit)
 
 
 def digest(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
-class _Remote(Protocol):
-    def run(self, cmd: str | list[str], **kw: object) -> object: ...
-    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None: ...
+_Remote = Remote  # the name deploy.py knew; the protocol is opsctl.host.remote.Remote
 
 
-def install(r: _Remote, host: HostConfig, text: str, current_text: str | None) -> bool:
+def install(r: Remote, host: HostConfig, text: str, current_text: str | None) -> bool:
     """Write the unit and daemon-reload, only when it changed. Returns whether it changed."""
     if current_text is not None and digest(current_text) == digest(text):
         return False
     r.write_file(unit_path(host), text.encode(), mode=0o644)
-    r.run(["systemctl", "daemon-reload"], timeout=120)
+    r.run(host_unit.daemon_reload_argv(), timeout=120)
     return True
-
-
-def verify_command(path: str) -> str:
-    return shlex.join(["systemd-analyze", "verify", path])

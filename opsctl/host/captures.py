@@ -89,5 +89,7 @@ def disarm_command(directory: str, capture_id: str) -> str:
 
 def prune_command(directory: str, ids: Iterable[str]) -> str:
     """Remove those captures; anything that is not a capture id is refused before a command exists."""
-    paths = [shlex.quote(f"{directory}/{check_capture_id(i, f'refusing to remove {i!r}: not a capture id')}") for i in ids]
+    paths = [
+        shlex.quote(f"{directory}/{check_capture_id(i, f'refusing to remove {i!r}: not a capture id')}") for i in ids
+    ]
     return f"rm -rf -- {' '.join(paths)}" if paths else "true"

@@ -111,7 +111,9 @@ def ensure_layout_command(layout: Layout, managed_doc: str) -> str:
 
 def append_history_command(layout: Layout, line: str) -> str:
     """Append one line (one small write: concurrent readers never see half of it)."""
-    return f"mkdir -p {shlex.quote(layout.state)} && printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(layout.history)}"
+    return (
+        f"mkdir -p {shlex.quote(layout.state)} && printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(layout.history)}"
+    )
 
 
 def read_quietly_command(path: str) -> str:
@@ -151,7 +153,7 @@ def verify_checksums_command(release_dir: str) -> str:
 
 def release_meta_command(layout: Layout) -> str:
     """Per release: ``== <id>`` then its manifest's created_at, commit and dirty lines."""
-    fields = "; ".join(f"grep -m1 '\"{k}\"' \"$d/manifest.json\" 2>/dev/null" for k in ("created_at", "commit", "dirty"))
+    fields = "; ".join(f'grep -m1 \'"{k}"\' "$d/manifest.json" 2>/dev/null' for k in ("created_at", "commit", "dirty"))
     return f'for d in {shlex.quote(layout.releases)}/*/; do echo "== $(basename "$d")"; {fields}; done'
 
 

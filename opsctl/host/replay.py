@@ -30,9 +30,7 @@ def in_release_command(release_dir: str, token: str, argv: Sequence[str]) -> str
     return f"cd {shlex.quote(rel)} && env {assignments} {shlex.join(argv)}"
 
 
-def synthetic_replay_command(
-    python: str, release_dir: str, token: str, *, steps: int, threshold: float
-) -> str:
+def synthetic_replay_command(python: str, release_dir: str, token: str, *, steps: int, threshold: float) -> str:
     """Replay ``steps`` synthetic verify steps with the release (the pre-restart parity check)."""
     argv = [python, "-m", REPLAY_MODULE, "--steps", str(steps), "--interval", "0", "--threshold", f"{threshold:g}"]
     return in_release_command(release_dir, token, argv)

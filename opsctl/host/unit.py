@@ -49,7 +49,7 @@ def restart_command(unit: str) -> str:
     restart's exit status), ``restarts=`` (NRestarts) and ``envfiles=`` (EnvironmentFiles) as ``key=value``."""
     u = shlex.quote(service(unit))
     return (
-        f"systemctl reset-failed {u} 2>/dev/null; systemctl restart {u}; echo \"rc=$?\"; "
+        f'systemctl reset-failed {u} 2>/dev/null; systemctl restart {u}; echo "rc=$?"; '
         f'echo "restarts=$(systemctl show -p NRestarts --value {u})"; '
         f'echo "envfiles=$(systemctl show -p EnvironmentFiles --value {u})"'
     )

@@ -21,7 +21,7 @@ entry=releases
 entry=state
 entry=current
 entry=sglang_ext
-free_mb=12345
+disk_avail_kb=12641280
 unit.LoadState=loaded
 unit.ActiveState=active
 unit.SubState=running
@@ -30,7 +30,9 @@ unit.NRestarts=2
 unit.InvocationID=abc
 unit.Result=success
 unit.DropInPaths=
-gpu_cc=12.0
+gpu_rc=0
+gpu=NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0
+gpu=NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0
 now=1700000000
 """
 
@@ -49,7 +51,9 @@ def test_parse_snapshot() -> None:
 
 
 def test_parse_virgin_snapshot() -> None:
-    s = parse_snapshot("root_exists=0\nmanaged=\ncurrent=\nlast_good=\nfree_mb=900\nunit.LoadState=not-found\nnow=1\n")
+    s = parse_snapshot(
+        "root_exists=0\nmanaged=\ncurrent=\nlast_good=\ndisk_avail_kb=921600\nunit.LoadState=not-found\nnow=1\n"
+    )
     assert s.is_virgin and not s.is_managed and s.current is None and not s.lock_present
     assert describe_owner(None).startswith("an unknown owner")
 

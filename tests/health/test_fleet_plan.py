@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from opsctl.cli_render import render_report, summary_line
 from opsctl.errors import HostUnreachable, OpsError, UsageError
 from opsctl.fleet import (
     HostOutcome,
@@ -15,9 +16,7 @@ from opsctl.fleet import (
     parse_batch,
     parse_max_fail,
     plan_rollout,
-    render_report,
     run_rollout,
-    summary_line,
 )
 from opsctl.inventory import HostConfig
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from opsctl.cli_render import details, render_prometheus, render_table, to_json
 from opsctl.health import (
     HealthHistory,
     HostFacts,
@@ -15,11 +16,7 @@ from opsctl.health import (
     Level,
     UnitFacts,
     check_hosts,
-    details,
     evaluate,
-    render_prometheus,
-    render_table,
-    to_json,
     write_atomic,
 )
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from opsctl.health import Level, evaluate, facts_from_probe, lock_owner, pid_alive, probe_command
+from opsctl.health import Level, evaluate, facts_from_probe, lock_owner, pid_alive, probe_command, read_probe
 from opsctl.release import FileEntry, Manifest, release_id
 
 from .hosts import host
@@ -36,16 +36,24 @@ def make_release(root: Path) -> Path:
     return rel
 
 
-def probe_locally(h, path: str | None = None) -> dict:  # type: ignore[no-untyped-def]
-    cmd = probe_command(h).replace("python3 -c", f"{sys.executable} -c", 1)
+def probe_locally(h, path: str | None = None):  # type: ignore[no-untyped-def]
+    cmd = probe_command(h, python=sys.executable)
     env = {**os.environ, "PATH": path} if path is not None else None
     out = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, timeout=60, check=True, env=env).stdout
-    return json.loads(out)
+    return read_probe(out)
 
 
-def facts(h, raw):  # type: ignore[no-untyped-def]
+def facts(h, probed):  # type: ignore[no-untyped-def]
+    system, raw = probed
     return facts_from_probe(
-        h, raw, local_time=time.time(), elapsed_s=0.1, lock_owner=lock_owner, pid_alive=pid_alive, local_hostname="me"
+        h,
+        system,
+        raw,
+        local_time=time.time(),
+        elapsed_s=0.1,
+        lock_owner=lock_owner,
+        pid_alive=pid_alive,
+        local_hostname="me",
     )
 
 
