@@ -6,7 +6,6 @@ Thin over opsctl/captures.py: options, progress, rendering, exit codes.
 from __future__ import annotations
 
 import getpass
-import shlex
 import socket
 import time
 from typing import Annotated, Any
@@ -19,6 +18,8 @@ from . import captures as cap
 from . import cli_common as common
 from .errors import GateFailed, UsageError
 from .gate import Verdict
+from .host import layout as host_layout
+from .host.remote import Remote
 from .hoststate import new_parity_token
 from .inventory import HostConfig
 from .release import ADOPTED_ID_RE, ID_RE
@@ -229,11 +230,11 @@ def register(app: typer.Typer) -> None:
         common.out.print(table)
 
 
-def _release_dir(r: Any, host: HostConfig, release: str) -> tuple[str, str]:
+def _release_dir(r: Remote, host: HostConfig, release: str) -> tuple[str, str]:
     """(release id, its directory on the host); 'current' is what the unit runs now."""
     releases = f"{host.root}/releases"
     if release == "current":
-        res = r.run(f"readlink -f -- {shlex.quote(host.root + '/current')}", check=False, timeout=60)
+        res = r.run(host_layout.resolve_current_command(host.root), check=False, timeout=60)
         target = res.stdout.strip()
         if res.rc != 0 or not target.startswith(releases + "/"):
             raise UsageError(f"{host.name}: no current release under {releases} (deploy one first)")
@@ -241,7 +242,7 @@ def _release_dir(r: Any, host: HostConfig, release: str) -> tuple[str, str]:
     if not (ID_RE.fullmatch(release) or ADOPTED_ID_RE.fullmatch(release)):
         raise UsageError(f"{release!r} is not a release id (like r0123456789ab) or 'current'")
     path = f"{releases}/{release}"
-    if r.run(f"test -d {shlex.quote(path)}", check=False, timeout=60).rc != 0:
+    if r.run(host_layout.is_dir_command(path), check=False, timeout=60).rc != 0:
         raise UsageError(f"{host.name}: release {release} is not on the host (opsctl releases {host.name} lists them)")
     return release, path
 

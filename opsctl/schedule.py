@@ -18,6 +18,8 @@ from pathlib import Path
 
 from .errors import OpsError, UsageError
 from .health import state_dir, write_atomic
+from .host.facts import parse_systemctl_show
+from .host.unit import systemctl_argv
 from .inventory import HostConfig
 
 SERVICE = "opsctl-health.service"
@@ -183,10 +185,6 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
-def _systemctl(user: bool, *args: str) -> list[str]:
-    return ["systemctl", *(["--user"] if user else []), *args]
-
-
 @dataclass(frozen=True)
 class ScheduleResult:
     unit_dir: Path
@@ -230,7 +228,7 @@ def install(spec: ScheduleSpec, *, user: bool, runner: Runner = _run, activate: 
             False,
             f"wrote {', '.join(units)} to {directory}; systemd is not running here, so the timer is not started",
         )
-    for argv in (_systemctl(user, "daemon-reload"), _systemctl(user, "enable", "--now", TIMER)):
+    for argv in (systemctl_argv("daemon-reload", user=user), systemctl_argv("enable", "--now", TIMER, user=user)):
         r = runner(argv)
         if r.returncode != 0:
             raise OpsError(f"`{' '.join(argv)}` failed: {r.stderr.strip()[-300:]}")
@@ -242,12 +240,12 @@ def remove(*, user: bool, runner: Runner = _run, activate: bool | None = None) -
     paths = tuple(directory / n for n in (SERVICE, TIMER))
     activate = systemd_running() if activate is None else activate
     if activate:
-        runner(_systemctl(user, "disable", "--now", TIMER))  # fine if it was never enabled
+        runner(systemctl_argv("disable", "--now", TIMER, user=user))  # fine if it was never enabled
     existed = [p for p in paths if p.exists()]
     for p in existed:
         p.unlink()
     if activate and existed:
-        runner(_systemctl(user, "daemon-reload"))
+        runner(systemctl_argv("daemon-reload", user=user))
     msg = f"removed {', '.join(p.name for p in existed)} from {directory}" if existed else "nothing installed"
     return ScheduleResult(directory, paths, bool(existed), activate, msg)
 
@@ -271,10 +269,10 @@ class ScheduleStatus:
 
 
 def _show(user: bool, unit: str, props: str, runner: Runner) -> dict[str, str]:
-    r = runner(_systemctl(user, "show", unit, f"--property={props}"))
+    r = runner(systemctl_argv("show", unit, f"--property={props}", user=user))
     if r.returncode != 0:
         return {}
-    return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    return parse_systemctl_show(r.stdout)
 
 
 def status(*, user: bool, runner: Runner = _run, activate: bool | None = None) -> ScheduleStatus:
