@@ -2,7 +2,7 @@
 
 Overrides, all calling the upstream method first or instead only for verify:
   * ``__init__``: decide once which static conditions rule the kernel out (each reason printed once);
-  * ``init_cuda_graph_state``: preallocate the engine's graph buffers;
+  * ``init_cuda_graph_state``: preallocate the engine's graph buffers (capture slots included);
   * ``init_forward_metadata`` (eager) / ``init_forward_metadata_out_graph`` (CUDA-graph capture and replay):
     after upstream has built its metadata, marshal it for the kernel (:mod:`kdtree_backend.marshal`);
   * ``forward_extend``: for a verify layer the kernel can serve, mark the layer and let upstream run (it saves
@@ -117,6 +117,7 @@ class KdtreeAttnBackend(TritonAttnBackend):
             prefix_sum=getattr(forward_batch, "seq_lens_sum", None),
             max_prefix_len=int(seq_lens_cpu[:bs].max()) if seq_lens_cpu is not None and bs else None,
             kv_buffer_shape=tuple(self.token_to_kv_pool.get_key_buffer(self.token_to_kv_pool.start_layer).shape),
+            padding=int(getattr(forward_batch, "num_padding", 0) or 0),  # the replay view's padded requests
         )
 
     # ---- SGLang hooks --------------------------------------------------------------------------------
@@ -147,6 +148,8 @@ class KdtreeAttnBackend(TritonAttnBackend):
             device=torch.device(self.device),
             dtype=torch.bfloat16 if fp8 else key_buffer.dtype,  # the outputs' dtype (an fp8 pool's model is bf16)
             workspace_bytes=workspace,
+            kv_row_shape=tuple(key_buffer.shape[1:]),
+            kv_dtype=key_buffer.dtype,
         )
 
     def init_forward_metadata(self, forward_batch: ForwardBatch):

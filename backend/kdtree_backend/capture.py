@@ -21,11 +21,16 @@ Layout on a host (``<root>`` is the release root; every directory 0700, every fi
 The running service never changes what it returns: capture only reads the step's tensors. On CUDA the copies
 to pinned host memory are issued without blocking and a writer thread waits for them, hashes and writes; the
 verify step itself pays the gathers and the copies' launch, plus one host read of three offsets per captured
-step (eager mode only). Not armed, the per-step cost is :meth:`Capturer.armed`: one monotonic clock read and a
-compare; the request file is looked at once per POLL_S.
+step. Not armed, the per-step cost is :meth:`Capturer.armed`: one monotonic clock read and a compare; the request
+file is looked at once per POLL_S.
 
-CUDA graphs: not captured yet (a graph-mode step finishes the request with reason ``cuda_graphs_unsupported``,
-so that opsctl says so instead of waiting); the design is in docs/capture.md.
+CUDA graphs (:class:`GraphSlots`): the replayed forward runs no Python, so the graph itself holds, after the kernel
+of each capture layer, copies of q, out and the step's draft rows (pool rows at ``out_cache_loc``, written by this
+very replay) into preallocated device slots, behind a device flag (a CUDA conditional node: an unarmed replay
+skips them). The step's ``prepare`` (outside the graph, before its replay) gathers the prefix rows, which nothing
+writes between then and the replay, and sets the flag; the next ``prepare`` (before the next replay can overwrite
+the slots) patches the draft rows in and issues the non-blocking copies to the host. So every captured row is the
+one the step read, even when a slot is freed and reused right after the step.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,6 +215,157 @@ def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+# ---------------------------------------------------------------------------------------------- CUDA graphs
+
+
+def _storage_view(pool: torch.Tensor) -> torch.Tensor:
+    """A float8 pool as bytes (not every device build indexes or copies float8 tensors); others as they are."""
+    return pool.view(torch.uint8) if pool.element_size() == 1 and pool.dtype.is_floating_point else pool
+
+
+_CONDITIONAL_NODES: dict[str, bool] = {}
+
+
+def conditional_nodes_usable(device: torch.device) -> bool:
+    """Whether a CUDA graph on ``device`` can hold the slot writes inside a conditional (if) node: this torch has
+    the API and the driver runs it. Probed once per device with the very ops :meth:`GraphSlots.write` records (a
+    contiguous copy, a copy into a view, an ``index_select`` into a slot), replayed with the flag off and on."""
+    key = str(device)
+    if key in _CONDITIONAL_NODES:
+        return _CONDITIONAL_NODES[key]
+    usable = False
+    if device.type == "cuda" and hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
+        try:
+            usable = _probe_conditional_nodes(device)
+        except Exception as exc:  # an old driver or torch: the slots are written on every replay instead
+            reason = f"{type(exc).__name__}: {exc}"
+            _log(
+                f"CUDA graph conditional nodes not usable on {device} ({reason}); capture writes its slots every replay"
+            )
+    _CONDITIONAL_NODES[key] = usable
+    return usable
+
+
+def _probe_conditional_nodes(device: torch.device) -> bool:
+    flag = torch.zeros(1, dtype=torch.bool, device=device)
+    source = torch.arange(48, dtype=torch.float32, device=device).view(6, 8)
+    index = torch.tensor([5, 0, 3], device=device)
+    copied = torch.zeros(6, 8, device=device)
+    gathered = torch.zeros(3, 8, device=device)
+
+    def body() -> None:
+        copied.view(48).copy_(source.view(48))
+        torch.index_select(source, 0, index, out=gathered)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _if_node_body(flag, body)
+    graph.replay()
+    torch.cuda.synchronize(device)
+    skipped = not bool(copied.any()) and not bool(gathered.any())
+    flag.fill_(True)
+    graph.replay()
+    torch.cuda.synchronize(device)
+    return skipped and torch.equal(copied, source) and torch.equal(gathered, source[index])
+
+
+def _if_node_body(flag: torch.Tensor, body: Callable[[], object]) -> None:
+    """Record ``body`` into the graph being captured as a conditional node that runs only while ``flag`` is true."""
+    graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
+    graph.begin_capture_to_if_node(flag)
+    try:
+        body()
+    finally:
+        graph.end_capture_to_conditional_node()
+
+
+@dataclass(frozen=True)
+class GraphLayer:
+    """What a capture layer's captured forward was recorded with (fixed for the life of the graphs)."""
+
+    pool: torch.Tensor  # the layer's KV pool, [rows, 1, D]: persistent, the graph reads it by address
+    sm_scale: float
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+
+class GraphSlots:
+    """Device slots the captured forward writes for the capture layers (a fixed set, chosen before the graphs are
+    captured): q, out and the draft rows of the step, ``max_tokens`` rows each, plus the index of those draft rows
+    and the armed flag. Written inside the graph after the layer's kernel, only while the flag is set (a CUDA
+    conditional node where the device has them, else on every replay). Off CUDA (tests, the CPU emulation of the
+    graph protocol) the same writes run when the flag tensor says so."""
+
+    def __init__(
+        self,
+        layers: Sequence[int],
+        *,
+        max_tokens: int,
+        heads: int,
+        v_head_dim: int,
+        dtype: torch.dtype,
+        kv_row_shape: Sequence[int],
+        kv_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.layers = tuple(sorted(set(layers)))
+        self.max_tokens = max_tokens
+        self.kv_dtype = kv_dtype
+        q_dim = int(kv_row_shape[-1])
+        storage = _storage_view(torch.empty(0, dtype=kv_dtype)).dtype
+        self.flag = torch.zeros(1, dtype=torch.bool, device=device)
+        self.index = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self.q = {layer: torch.zeros(max_tokens, heads, q_dim, dtype=dtype, device=device) for layer in self.layers}
+        self.out = {
+            layer: torch.zeros(max_tokens, heads, v_head_dim, dtype=dtype, device=device) for layer in self.layers
+        }
+        self.drafts = {
+            layer: torch.zeros(max_tokens, *kv_row_shape, dtype=storage, device=device) for layer in self.layers
+        }
+        self.conditional = conditional_nodes_usable(device) if device.type == "cuda" else False
+        self.armed_on_device = False  # what the flag holds, as far as this process has set it
+
+    def nbytes(self) -> int:
+        tensors = [self.flag, self.index, *self.q.values(), *self.out.values(), *self.drafts.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def arm(self, armed: bool, out_cache_loc: torch.Tensor | None = None, tokens: int = 0) -> None:
+        """Before the replay: point the draft-row index at this step's slots and set the flag, or clear it. Touches
+        the device only on a change (and for the index, on armed steps): an unarmed step costs nothing here."""
+        if armed:
+            assert out_cache_loc is not None
+            rows = out_cache_loc[:tokens]
+            self.index[: rows.numel()].copy_(rows)
+            self.index[rows.numel() : tokens].zero_()  # padding tokens SGLang did not hand over: its padding slot 0
+            if not self.armed_on_device:
+                self.flag.fill_(True)
+        elif self.armed_on_device:
+            self.flag.fill_(False)
+        self.armed_on_device = armed
+
+    def write(self, layer: int, q: torch.Tensor, kv_buffer: torch.Tensor, out: torch.Tensor) -> None:
+        """After the layer's kernel (captured forward): the slot writes, behind the flag."""
+        if layer not in self.q:
+            return
+        tokens = out.shape[0]
+
+        def body() -> None:
+            self.q[layer][:tokens].view(q.shape).copy_(q)
+            self.out[layer][:tokens].view(out.shape).copy_(out)
+            torch.index_select(_storage_view(kv_buffer), 0, self.index[:tokens], out=self.drafts[layer][:tokens])
+
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            if self.conditional:
+                _if_node_body(self.flag, body)
+            else:
+                body()
+        elif bool(self.flag.item()) if not q.is_cuda else self.armed_on_device:
+            body()  # not inside a graph (the CPU emulation, warm-up runs): the flag decides here
+
+    def draft_rows(self, layer: int, tokens: int) -> torch.Tensor:
+        return self.drafts[layer][:tokens].view(self.kv_dtype)
+
+
 # ---------------------------------------------------------------------------------------------- writer
 
 
@@ -310,6 +466,11 @@ class _Step:
     shared: dict[str, dict[str, torch.Tensor]]  # device tensors shared by the step's calls: file stem -> tensors
     release_keys: torch.Tensor  # the running release's key list (pool rows), trimmed
     remapped_keys: torch.Tensor | None = None
+    padding: int = 0  # CUDA-graph padding requests (the last ones)
+    # CUDA graphs: per capture layer, its rows gathered before the replay (drafts patched after it) and what its
+    # captured forward was recorded with; empty in eager mode.
+    graph_rows: dict[int, tuple[torch.Tensor, GraphLayer]] = field(default_factory=dict)
+    stop: tuple[str, int] | None = None  # the budget ran out within this step: (reason, bytes one call needs)
 
 
 @dataclass
@@ -319,6 +480,7 @@ class CaptureProgress:
     bytes: int = 0
     steps: int = 0
     layers_seen: set[int] = field(default_factory=set)
+    notes: dict[str, object] = field(default_factory=dict)  # extra fields of the done file
 
 
 class Capturer:
@@ -437,18 +599,25 @@ class Capturer:
         draft_mask: torch.Tensor,
         bs: int,
         q_len: int,
-        graph: bool = False,
+        graph: Mapping[int, GraphLayer] | None = None,
+        slots: GraphSlots | None = None,
+        padding: int = 0,
     ) -> bool:
-        """Start capturing this step (armed only). Returns whether :meth:`record` should be called for it."""
+        """Start capturing this step (armed only). Eager (``graph`` None): returns whether :meth:`record` should be
+        called for its layers. CUDA graphs (``graph``: the capture layers the captured forward was recorded with,
+        ``slots`` its slots): gathers the prefix rows of the wanted layers now, before the replay; returns whether
+        the slots' flag must be set for this replay, and :meth:`flush_graph_step` finishes the calls after it.
+        ``padding``: how many of the ``bs`` requests are CUDA-graph padding (the last ones)."""
         if self.progress is None:
-            return False
-        if graph:
-            self.finish("cuda_graphs_unsupported")
             return False
         try:
             with torch.no_grad():
+                tokens = bs * q_len
                 indptr = kv_indptr[: bs + 1]
-                plan = step_rows(indptr, kv_indices, out_cache_loc, q_len)
+                locations = out_cache_loc[:tokens]
+                if locations.numel() < tokens:  # a padded graph batch: SGLang hands over the real tokens' slots only
+                    locations = torch.cat([locations, locations.new_zeros(tokens - locations.numel())])
+                plan = step_rows(indptr, kv_indices, locations, q_len)
                 mask_end = int(mask_indptr[bs])
                 key_end = int(key_indptr[bs])
                 seq_lens = (indptr[1:] - indptr[:-1]).long()
@@ -456,7 +625,7 @@ class Capturer:
                     "inputs": {
                         "key_indptr": key_indptr[: bs + 1].to(torch.int32).clone(),
                         "qo_indptr": qo_indptr[: bs + 1].to(torch.int32).clone(),
-                        "draft_mask": draft_mask[: bs * q_len].clone(),
+                        "draft_mask": draft_mask[:tokens].clone(),
                     },
                     "sglang": {
                         "kv_indptr": indptr.clone(),
@@ -468,15 +637,97 @@ class Capturer:
                         "qo_indptr": qo_indptr[: bs + 1].clone(),
                     },
                 }
-                self._step = _Step(step, q_len, plan, shared, keys[:key_end])
+                current = _Step(step, q_len, plan, shared, keys[:key_end], padding=padding)
+                if graph is not None:
+                    if slots is None or not self._begin_graph_step(current, graph, slots, tokens):
+                        return False
+                self._step = current
             self.progress.steps += 1
             return True
         except Exception as exc:
             self._fail(exc)
             return False
 
+    def _begin_graph_step(self, step: _Step, graph: Mapping[int, GraphLayer], slots: GraphSlots, tokens: int) -> bool:
+        """The graph part of :meth:`begin_step`: the prefix rows of each wanted layer, gathered before the replay
+        (the draft positions are patched from the slots after it), within the byte budget."""
+        progress = self.progress
+        assert progress is not None
+        capturable = [layer for layer in progress.request.layers if layer in graph and layer in slots.q]
+        if not capturable:
+            self.finish("layers_not_in_graph", graph_layers=sorted(set(graph) & set(slots.q)))
+            return False
+        if tokens > slots.max_tokens:
+            raise ValueError(f"graph batch of {tokens} tokens exceeds the {slots.max_tokens} capture slots")
+        # The key list lives in a graph buffer the next prepare rewrites: remap it now.
+        pool_rows = graph[capturable[0]].pool.shape[0]
+        step.remapped_keys = remap_keys(step.release_keys, step.plan.rows, pool_rows)
+        shared_bytes = sum(nbytes(group) for group in step.shared.values()) + nbytes({"k": step.remapped_keys})
+        reserved = 0
+        for layer in capturable:
+            rows = _gather_rows(graph[layer].pool, step.plan.rows)
+            q_slot, out_slot = slots.q[layer], slots.out[layer]
+            size = (
+                shared_bytes
+                + nbytes({"kv_rows": rows})
+                + tokens * q_slot[0].numel() * q_slot.element_size()
+                + tokens * out_slot[0].numel() * out_slot.element_size()
+            )
+            if progress.bytes + reserved + size > progress.request.max_bytes:
+                step.stop = ("max_bytes", size)
+                break
+            step.graph_rows[layer] = (rows, graph[layer])
+            reserved += size
+        if not step.graph_rows:
+            assert step.stop is not None
+            self.finish("max_bytes", needed=step.stop[1])
+            return False
+        if len(capturable) < len(progress.request.layers):
+            progress.notes["graph_layers"] = sorted(set(graph) & set(slots.q))
+        return True
+
+    def flush_graph_step(self, slots: GraphSlots) -> None:
+        """After the replay of a captured graph step, before the next replay: patch the draft rows the replay wrote
+        into the gathered rows and queue the calls (copies to the host on the stream, in order before the next
+        replay can overwrite the slots)."""
+        step = self._step
+        if step is None or not step.graph_rows:
+            return
+        self._step = None
+        try:
+            with torch.no_grad():
+                tokens = step.plan.out_cache_loc.numel()
+                for layer, (rows, recorded) in step.graph_rows.items():
+                    rows[step.plan.out_cache_loc] = slots.draft_rows(layer, tokens)
+                    self._queue_call(
+                        layer,
+                        step,
+                        q=slots.q[layer][:tokens],
+                        kv_rows=rows,
+                        out=slots.out[layer][:tokens],
+                        pool_rows=recorded.pool.shape[0],
+                        sm_scale=recorded.sm_scale,
+                        k_scale=recorded.k_scale,
+                        v_scale=recorded.v_scale,
+                        graph=True,
+                    )
+        except Exception as exc:
+            self._fail(exc)
+            return
+        if step.stop is not None and self.progress is not None:
+            self.finish(step.stop[0], needed=step.stop[1])
+
+    @property
+    def graph_step_pending(self) -> bool:
+        return self._step is not None and bool(self._step.graph_rows)
+
     def wants(self, layer: int) -> bool:
-        return self._step is not None and self.progress is not None and layer in self.progress.request.layers
+        return (
+            self._step is not None
+            and not self._step.graph_rows
+            and self.progress is not None
+            and layer in self.progress.request.layers
+        )
 
     def record(
         self,
@@ -489,63 +740,90 @@ class Capturer:
         k_scale: float = 1.0,
         v_scale: float = 1.0,
     ) -> None:
-        """Queue one layer's call of the current step (reads only; copies leave without blocking on CUDA)."""
-        step, progress, writer, directory = self._step, self.progress, self._writer, self.directory
-        if step is None or progress is None or writer is None or directory is None:
+        """Queue one layer's call of the current (eager) step (reads only; copies leave without blocking on CUDA)."""
+        step, progress = self._step, self.progress
+        if step is None or progress is None:
             return
         try:
             with torch.no_grad():
-                tokens, heads, dl = out.shape[0], out.shape[1], out.shape[-1]
+                tokens = out.shape[0]
                 pool_rows = kv_buffer.shape[0]
                 if step.remapped_keys is None:
                     step.remapped_keys = remap_keys(step.release_keys, step.plan.rows, pool_rows)
-                per_call = {
-                    "inputs": {
-                        "q": q.reshape(tokens, heads, -1),
-                        "kv_rows": _gather_rows(kv_buffer, step.plan.rows),
-                        "keys": step.remapped_keys,
-                        **step.shared["inputs"],
-                    },
-                    "sglang": step.shared["sglang"],
-                    "output": {"out": out[:tokens]},
-                }
-                size = sum(nbytes(group) for group in per_call.values())
-                if progress.bytes + size > progress.request.max_bytes:
+                rows = _gather_rows(kv_buffer, step.plan.rows)
+                size = self._queue_call(
+                    layer, step, q=q.reshape(tokens, out.shape[1], -1), kv_rows=rows, out=out[:tokens],
+                    pool_rows=pool_rows, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, graph=False,
+                    budget=True,
+                )  # fmt: skip
+                if size is not None:
                     self.finish("max_bytes", needed=size)
-                    return
-                groups, event = _to_host(per_call)
-                name = call_name(self.tp, layer, step.index)
-                manifest = {
-                    "format": FORMAT,
-                    "capture": progress.request.id,
-                    "release": self.release,
-                    "tp": self.tp,
-                    "layer": layer,
-                    "step": step.index,
-                    "bs": int(step.shared["sglang"]["kv_indptr"].numel() - 1),
-                    "q_len": step.q_len,
-                    "heads": heads,
-                    "v_head_dim": dl,
-                    "sm_scale": float(sm_scale),
-                    "k_scale": float(k_scale),
-                    "v_scale": float(v_scale),
-                    "pool_rows": pool_rows,
-                    "keys_outside_rows": None,  # counted by the writer on the host copy
-                    "captured_at": self._wall(),
-                    "device": str(out.device),
-                    "tensors": {
-                        f"{stem}/{key}": {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-                        for stem, group in groups.items()
-                        for key, t in group.items()
-                    },
-                }
-                job = _CallJob(directory / progress.request.id, name, groups, manifest, event)
-                writer.jobs.put(job)
-            progress.calls += 1
-            progress.bytes += size
-            progress.layers_seen.add(layer)
         except Exception as exc:
             self._fail(exc)
+
+    def _queue_call(
+        self,
+        layer: int,
+        step: _Step,
+        *,
+        q: torch.Tensor,
+        kv_rows: torch.Tensor,
+        out: torch.Tensor,
+        pool_rows: int,
+        sm_scale: float,
+        k_scale: float,
+        v_scale: float,
+        graph: bool,
+        budget: bool = False,
+    ) -> int | None:
+        """Copy one call to the host (without blocking on CUDA) and queue its files. With ``budget``, a call that
+        would overrun the byte budget is not queued and its size is returned (the caller stops the capture)."""
+        progress, writer, directory = self.progress, self._writer, self.directory
+        if progress is None or writer is None or directory is None:
+            return None
+        assert step.remapped_keys is not None
+        heads, dl = out.shape[1], out.shape[-1]
+        per_call = {
+            "inputs": {"q": q, "kv_rows": kv_rows, "keys": step.remapped_keys, **step.shared["inputs"]},
+            "sglang": step.shared["sglang"],
+            "output": {"out": out},
+        }
+        size = sum(nbytes(group) for group in per_call.values())
+        if budget and progress.bytes + size > progress.request.max_bytes:
+            return size
+        groups, event = _to_host(per_call)
+        manifest = {
+            "format": FORMAT,
+            "capture": progress.request.id,
+            "release": self.release,
+            "tp": self.tp,
+            "layer": layer,
+            "step": step.index,
+            "bs": int(step.shared["sglang"]["kv_indptr"].numel() - 1),
+            "q_len": step.q_len,
+            "heads": heads,
+            "v_head_dim": dl,
+            "sm_scale": float(sm_scale),
+            "k_scale": float(k_scale),
+            "v_scale": float(v_scale),
+            "pool_rows": pool_rows,
+            "graph": graph,
+            "padding_requests": step.padding,  # the last ones of bs: CUDA-graph padding, captured as replayed
+            "keys_outside_rows": None,  # counted by the writer on the host copy
+            "captured_at": self._wall(),
+            "device": str(out.device),
+            "tensors": {
+                f"{stem}/{key}": {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                for stem, group in groups.items()
+                for key, t in group.items()
+            },
+        }
+        name = call_name(self.tp, layer, step.index)
+        writer.jobs.put(_CallJob(directory / progress.request.id, name, groups, manifest, event))
+        progress.calls += 1
+        progress.bytes += size
+        progress.layers_seen.add(layer)
+        return None
 
     # -- the end -------------------------------------------------------------------------------------------
 
@@ -567,6 +845,7 @@ class Capturer:
             "layers": sorted(progress.layers_seen),
             "reason": reason,
             "finished_at": self._wall(),
+            **progress.notes,
             **extra,
         }
         path = self.directory / progress.request.id / done_name(self.tp)
@@ -589,9 +868,7 @@ class Capturer:
 
 def _gather_rows(pool: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``pool[rows]``; a float8 pool is gathered as bytes (not every device build indexes float8 tensors)."""
-    if pool.element_size() == 1 and pool.dtype.is_floating_point:
-        return pool.view(torch.uint8)[rows].view(pool.dtype)
-    return pool[rows]
+    return _storage_view(pool)[rows].view(pool.dtype)
 
 
 def _to_host(

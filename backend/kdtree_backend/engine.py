@@ -18,6 +18,12 @@ Parity (kernel vs SGLang's Triton ``extend_attention_fwd`` on the same inputs; n
     The stats land in a device buffer; the next :meth:`prepare` copies them to pinned host memory without
     blocking and records an event; a later :meth:`prepare` prints the lines once the event has completed.
     So the lines come from the replayed graphs themselves, one or two steps late, marked ``mode=graph``.
+
+Capture (docs/capture.md): eager, :meth:`prepare` starts an armed step and :meth:`forward` records each wanted
+layer. Under CUDA graphs the capture layers are the parity layers (a fixed set, whatever ``parity.enabled``
+says); the captured forward writes q, out and the draft rows of those layers into the capture slots behind a
+device flag (:class:`~kdtree_backend.capture.GraphSlots`), :meth:`prepare` gathers the prefix rows and sets the
+flag on armed steps, and the next :meth:`prepare` hands the slots to the capturer before the next replay.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .capture import Capturer
+from .capture import Capturer, GraphLayer, GraphSlots
 from .config import ParityConfig
 from .lines import OncePer, ParityIdentity, emit, format_parity
 from .marshal import verify_keys_capacity
@@ -51,6 +57,7 @@ class _GraphBuffers:
     max_bs: int
     max_tokens: int
     keys_per_request: int
+    capture: GraphSlots | None  # None where capture can never be armed (no state directory) or no layers
 
 
 class VerifyEngine:
@@ -89,6 +96,7 @@ class VerifyEngine:
         self._pending_shapes: Callable[[torch.Tensor, torch.Tensor, float], str] | None = None
         self._stats_due: int | None = None  # step whose graph stats wait to be copied to the host
         self._stats_copies: list[tuple[torch.cuda.Event | None, int, torch.Tensor]] = []
+        self._graph_layers: dict[int, GraphLayer] = {}  # capture layers, as their captured forward saw them
 
     # ---- CUDA graphs -------------------------------------------------------------------------------
     def allocate_graph_buffers(
@@ -99,8 +107,12 @@ class VerifyEngine:
         device: torch.device,
         dtype: torch.dtype = torch.bfloat16,
         workspace_bytes: int = 0,
+        kv_row_shape: Sequence[int] = (1, 576),
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
-        """Preallocate everything the captured path reads or writes (SGLang's ``init_cuda_graph_state``)."""
+        """Preallocate everything the captured path reads or writes (SGLang's ``init_cuda_graph_state``).
+        ``kv_row_shape``/``kv_dtype``: one row of the KV pool (``pool.shape[1:]``) and its dtype, for the capture
+        slots of the draft rows."""
         max_tokens = max_bs * self.q_len
         keys_per_request = max_context_len + self.q_len
         words = (self.q_len + 63) // 64
@@ -120,6 +132,18 @@ class VerifyEngine:
             max_bs=max_bs,
             max_tokens=max_tokens,
             keys_per_request=keys_per_request,
+            capture=GraphSlots(
+                self.parity.layers,
+                max_tokens=max_tokens,
+                heads=self.heads,
+                v_head_dim=self.v_head_dim,
+                dtype=dtype,
+                kv_row_shape=kv_row_shape,
+                kv_dtype=kv_dtype or dtype,
+                device=device,
+            )
+            if self.capturer.directory is not None and self.parity.layers
+            else None,
         )
         self.max_prefix_len = max_context_len
 
@@ -139,11 +163,17 @@ class VerifyEngine:
         prefix_sum: int | None = None,
         max_prefix_len: int | None = None,
         kv_buffer_shape: Sequence[int] | None = None,
+        padding: int = 0,
     ) -> None:
         """Marshal this step's metadata. ``graph``: into the preallocated buffers (SGLang's out-graph hook);
         ``capture``: a capture batch (not a verify step; parity stays disarmed). ``prefix_sum`` (host int,
-        when SGLang has it) bounds the key list; without it the bound is ``bs * max_context_len``."""
+        when SGLang has it) bounds the key list; without it the bound is ``bs * max_context_len``. ``padding``:
+        CUDA-graph padding requests among the ``bs`` (SGLang's ``num_padding``; recorded by capture)."""
         self._report_graph_parity()
+        slots = self.graph.capture if self.graph is not None else None
+        if slots is not None and self.capturer.graph_step_pending:
+            # The previous replay filled the slots; hand them over before this step's replay overwrites them.
+            self.capturer.flush_graph_step(slots)
         self.graph_mode = graph
         self.bs = bs
         if not capture:
@@ -191,11 +221,15 @@ class VerifyEngine:
         if not capture:
             self._queue_shapes(mask_indptr, bs, kv_buffer_shape)
             meta = self.meta
-            self._capturing = self.capturer.armed() and self.capturer.begin_step(
+            started = self.capturer.armed() and self.capturer.begin_step(
                 step=self.step, kv_indptr=kv_indptr, kv_indices=kv_indices, out_cache_loc=out_cache_loc,
                 custom_mask=custom_mask, mask_indptr=mask_indptr, qo_indptr=qo_indptr, key_indptr=meta.key_indptr,
-                keys=meta.keys, draft_mask=meta.draft_mask, bs=bs, q_len=self.q_len, graph=graph,
+                keys=meta.keys, draft_mask=meta.draft_mask, bs=bs, q_len=self.q_len,
+                graph=self._graph_layers if graph else None, slots=slots, padding=padding,
             )  # fmt: skip
+            self._capturing = started and not graph
+            if slots is not None:
+                slots.arm(started and graph, out_cache_loc, tokens)
 
     def _queue_shapes(self, mask_indptr: torch.Tensor, bs: int, kv_buffer_shape: Sequence[int] | None) -> None:
         meta = self.meta
@@ -263,6 +297,10 @@ class VerifyEngine:
             v_scale=v_scale,
             validate=False,  # checked once per step in prepare() (eager); the kernel guards graph replays
         )
+        slots = buffers.capture if buffers is not None else None
+        if slots is not None and layer_id in slots.q:
+            self._graph_layers[layer_id] = GraphLayer(kv_buffer, float(sm_scale), float(k_scale), float(v_scale))
+            slots.write(layer_id, q, kv_buffer, out)
         if self._capturing and self.capturer.wants(layer_id):
             self.capturer.record(layer_id, q, kv_buffer, out, sm_scale, k_scale=k_scale, v_scale=v_scale)
         if triton_reference is None or not self.parity.enabled or layer_id not in self.parity.layers:

@@ -1,6 +1,6 @@
 """Capture of verify calls (kdtree_backend.capture) and their replay (kdtree_backend.replay_captures), on CPU:
 the safetensors codec, the request, where captures go, the gather plan, the capturer through the real engine
-(bounds, modes, output unchanged), and the replay of stored calls with this release and with a classic-bug copy."""
+(bounds, eager and the CUDA-graph protocol emulated on CPU, output unchanged), and the replay of stored calls with this release and with a classic-bug copy."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from kdtree_backend.replay_captures import (
     replay_captures,
 )
 
+from .emulation import GraphServer
 from .helpers import PYTHON, REPO, buggy_release, replay_env
 
 CAPTURE_ID = "c20260601T120000Z-0a1b2c"
@@ -216,7 +217,6 @@ def run_engine(
     *,
     steps: int,
     layers: tuple[int, ...] = (0, 5),
-    graph: bool = False,
     clock: Clock | None = None,
     logs: list[str] | None = None,
 ) -> tuple[list[torch.Tensor], Capturer]:
@@ -233,17 +233,12 @@ def run_engine(
     engine = VerifyEngine(
         q_len=9, heads=4, parity=ParityConfig(False, 1, ()), use_kernel=False, sink=sink.append, capturer=capturer
     )
-    if graph:
-        engine.allocate_graph_buffers(max_bs=2, max_context_len=64, device=torch.device("cpu"))
     outs = []
     for step in range(steps):
         if clock is not None:
             clock.now += 0.5
         batch = make_verify_batch(bs=2, prefix=48, q_len=9, heads=4, layers=layers, seed=step)
-        engine.prepare(
-            **batch.metadata(),
-            graph=graph,
-        )
+        engine.prepare(**batch.metadata(), graph=False)
         for layer in layers:
             out = torch.empty(18, 4, 512, dtype=torch.bfloat16)
             engine.forward(layer, batch.q[layer], batch.kv_buffers[layer], out, batch.sm_scale)
@@ -327,14 +322,83 @@ def test_unarmed_check_reads_the_request_file_once_per_poll_interval(tmp_path: P
     assert not Capturer(None, release="r").armed()  # no state dir (a checkout): never armed
 
 
-def test_a_cuda_graph_step_finishes_the_request_as_unsupported(tmp_path: Path) -> None:
+def run_graph(
+    directory: Path | None, *, steps: int, layers: tuple[int, ...] = (0, 5), graph_layers: tuple[int, ...] = (0, 5)
+) -> tuple[list[dict[int, torch.Tensor]], list, Capturer, GraphServer]:
+    """Steps under the CUDA-graph protocol (CPU emulation, reference path); ``graph_layers``: the capture layers
+    (the parity layers, parity itself off). Returns the outputs per step and the batches."""
+    capturer = Capturer(directory, release="rtest", tp=0, poll_s=0.0, log=lambda _: None)
+    engine = VerifyEngine(
+        q_len=9, heads=4, parity=ParityConfig(False, 1, graph_layers), use_kernel=False, sink=lambda _: None,
+        capturer=capturer,
+    )  # fmt: skip
+    template = make_verify_batch(bs=2, prefix=48, q_len=9, heads=4, layers=layers, seed=99)
+    server = GraphServer(engine, template, max_context=64)
+    batches = [make_verify_batch(bs=2, prefix=48, q_len=9, heads=4, layers=layers, seed=s) for s in range(steps)]
+    outs = [server.step(batch, padding=1 if index == 1 else 0) for index, batch in enumerate(batches)]
+    capturer.drain()
+    return outs, batches, capturer, server
+
+
+def test_graph_mode_capture_stores_what_each_replay_read_and_changes_no_output(tmp_path: Path) -> None:
     directory = tmp_path / "capture"
-    arm(directory)
-    outs, _ = run_engine(directory, steps=2, graph=True)
+    arm(directory, layers=[0, 5], steps=2)
+    outs, batches, _, server = run_graph(directory, steps=4)
+    plain, _, _, _ = run_graph(None, steps=4)
+    for captured, uncaptured in zip(outs, plain, strict=True):
+        assert all(torch.equal(captured[layer], uncaptured[layer]) for layer in (0, 5))
+    calls = find_calls(directory)
+    assert [c.name for c in calls] == ["tp0-L0-s0", "tp0-L0-s1", "tp0-L5-s0", "tp0-L5-s1"]
     done = json.loads((directory / CAPTURE_ID / "tp0.done.json").read_text())
-    assert done["reason"] == "cuda_graphs_unsupported" and done["calls"] == 0
-    plain, _ = run_engine(None, steps=2, graph=True)
-    assert all(torch.equal(a, b) for a, b in zip(outs, plain, strict=True))
+    assert done["reason"] == "steps" and done["calls"] == 4 and done["layers"] == [0, 5]
+    for call_dir in calls:
+        call = load_call(call_dir)
+        layer, step = call.manifest["layer"], call.manifest["step"]
+        batch = batches[step]
+        # Every row as the step read it: the prefix, and the drafts its replay saved (since overwritten).
+        rows = []
+        for b, seq_len in enumerate(batch.seq_lens.tolist()):
+            rows += batch.req_to_token[int(batch.req_pool_indices[b]), : seq_len + 9].tolist()
+        assert torch.equal(call.inputs["kv_rows"], batch.kv_buffers[layer][torch.tensor(rows)])
+        assert torch.equal(call.inputs["q"], batch.q[layer])
+        assert torch.equal(call.output["out"], outs[step][layer])
+        assert call.manifest["graph"] is True and call.manifest["keys_outside_rows"] == 0
+        assert call.manifest["padding_requests"] == (1 if step == 1 else 0)
+    assert server.engine.graph is not None and server.engine.graph.capture is not None
+    assert not bool(server.engine.graph.capture.flag.item())  # disarmed once the steps were taken
+    lines: list[str] = []
+    summary = replay_captures(directory, torch.device("cpu"), threshold=0.01, sink=lines.append)
+    assert summary.calls == 4 and summary.worst_rel < 0.01
+    assert all("vs_running=0.0000e+00" in line for line in lines), lines
+
+
+def test_unarmed_graph_replays_leave_the_capture_slots_untouched(tmp_path: Path) -> None:
+    directory = tmp_path / "capture"
+    directory.mkdir()
+    _, _, capturer, server = run_graph(directory, steps=3)
+    slots = server.engine.graph.capture if server.engine.graph is not None else None
+    assert slots is not None and capturer.progress is None
+    assert not bool(slots.flag.item()) and not slots.armed_on_device
+    assert all(not bool(t.any()) for t in [*slots.q.values(), *slots.out.values(), *slots.drafts.values()])
+
+
+def test_graph_mode_capture_of_layers_outside_the_capture_set_says_so(tmp_path: Path) -> None:
+    directory = tmp_path / "capture"
+    arm(directory, layers=[5, 7], steps=1)
+    run_graph(directory, steps=2, graph_layers=(0,))
+    done = json.loads((directory / CAPTURE_ID / "tp0.done.json").read_text())
+    assert done["reason"] == "layers_not_in_graph" and done["graph_layers"] == [0] and done["calls"] == 0
+
+
+def test_graph_mode_capture_keeps_the_byte_budget(tmp_path: Path) -> None:
+    directory = tmp_path / "capture"
+    arm(directory, layers=[0, 5], steps=4, max_bytes=400_000)  # one call is ~0.26 MB here
+    outs, _, _, _ = run_graph(directory, steps=3)
+    plain, _, _, _ = run_graph(None, steps=3)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[5], b[5]) for a, b in zip(outs, plain, strict=True))
+    done = json.loads((directory / CAPTURE_ID / "tp0.done.json").read_text())
+    assert done["reason"] == "max_bytes" and done["calls"] == 1 and done["bytes"] <= 400_000 and done["needed"] > 0
+    assert [c.name for c in find_calls(directory)] == ["tp0-L0-s0"]
 
 
 def test_a_failing_capture_never_reaches_the_server(tmp_path: Path) -> None:
@@ -410,13 +474,16 @@ def replay_cli(root: Path, captures: Path, *extra: str) -> subprocess.CompletedP
     )
 
 
-@pytest.mark.parametrize("bug", ["drafts", "stride"])
-def test_the_classic_bug_is_caught_by_the_capture_replay(tmp_path: Path, bug: str) -> None:
+@pytest.mark.parametrize(("bug", "graph"), [("drafts", False), ("stride", False), ("drafts", True)])
+def test_the_classic_bug_is_caught_by_the_capture_replay(tmp_path: Path, bug: str, graph: bool) -> None:
     import re
 
     directory = tmp_path / "capture"
     arm(directory, layers=[0, 5], steps=1)
-    run_engine(directory, steps=1)
+    if graph:
+        run_graph(directory, steps=2)
+    else:
+        run_engine(directory, steps=1)
     good = replay_cli(REPO, directory, "--threshold", "0.05")
     assert good.returncode == 0, good.stderr
     assert "captures=2 damaged=0" in good.stdout
