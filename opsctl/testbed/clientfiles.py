@@ -1,0 +1,82 @@
+"""The files opsctl on this machine uses to reach the testbed's hosts: the client key root logs in with,
+known_hosts (every host's own host key, so strict checking works from the start) and inventory.yaml (hosts
+local, tb1..tbN; groups testbed and fleet)."""
+
+from __future__ import annotations
+
+from .hostdir import host_key_pub
+from .layout import DISK_MB, Layout, host_index
+from .localrun import run
+from .ports import DEFAULT_PORT_BASE
+
+
+def ensure_client_key(tb: Layout) -> None:
+    if not tb.client_key.is_file():
+        tb.client_key.parent.mkdir(parents=True, exist_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "opsctl-testbed", "-f", str(tb.client_key)])
+
+
+def inventory_text(testbed: Layout, ports: dict[str, int]) -> str:
+    """The testbed's inventory.yaml. Short gate deadlines: the replay service prints parity lines at once."""
+    lines = [
+        f"# Written by `opsctl testbed up` for the hosts under {testbed.state_dir}. Regenerated on every up.",
+        "default: local   # the host of a command given none (opsctl status, opsctl logs --grep shapes)",
+        "defaults:",
+        "  user: root",
+        f"  identity_file: {testbed.client_key}",
+        f"  known_hosts: {testbed.known_hosts}",
+        "  host_key_policy: strict",
+        "  connect_timeout_s: 5",
+        "  command_timeout_s: 300",
+        "  root: /root/kdtree-engine",
+        "  unit: sglang-k26-ddtree",
+        "  gpu_arch: null",
+        "  build_timeout_s: 600",
+        "  keep_releases: 3",
+        f"  min_free_disk_mb: {min(64, DISK_MB // 4)}",
+        "  gate:",
+        "    deadline_s: 60",
+        "    poll_interval_s: 1",
+        "    consecutive_passes: 3",
+        "  health:",
+        f"    disk_warn_mb: {DISK_MB // 8}   # the hosts' /root is {DISK_MB} MB, far below production's warning level",
+        "  service:",
+        "    mode: replay",
+        "    python: /usr/bin/python3",
+        "    tp: 2                          # the replay stands in for 2 TP ranks: the gate needs each one",
+        "hosts:",
+    ]
+    names = sorted(ports, key=host_index)
+    for name in names:
+        lines += [
+            f"  {name}:",
+            "    address: 127.0.0.1",
+            f"    port: {ports[name]}",
+            "    service:",
+            f"      port: {30000 + (ports[name] - DEFAULT_PORT_BASE) % 5000}   # the network is shared: own port each",
+        ]
+    fleet = [n for n in names if n != "local"]
+    lines += ["groups:", f"  testbed: [{', '.join(names)}]", f"  fleet: [{', '.join(fleet)}]", ""]
+    return "\n".join(lines)
+
+
+def known_hosts_text(tb: Layout) -> str:
+    lines = []
+    for name in tb.provisioned():
+        pub = host_key_pub(tb, name).read_text().split()
+        lines.append(f"[127.0.0.1]:{tb.state(name).port} {pub[0]} {pub[1]}\n")
+    return "".join(lines)
+
+
+def write_known_hosts_and_inventory(tb: Layout) -> None:
+    ports = {name: tb.state(name).port for name in tb.provisioned()}
+    for path, text in ((tb.known_hosts, known_hosts_text(tb)), (tb.inventory_path, inventory_text(tb, ports))):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+
+def remove(tb: Layout) -> None:
+    """What `down` removes of these files; the client key stays (a later `up` reuses it)."""
+    for path in (tb.known_hosts, tb.inventory_path):
+        path.unlink(missing_ok=True)
