@@ -1,0 +1,64 @@
+"""The replay service and build commands: run from the release directory, with its code and this run's token."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from opsctl.errors import UsageError
+from opsctl.host import replay as hr
+
+from .shell import HOSTILE, sh
+
+TOKEN = "0123456789abcdef"
+
+
+def test_in_release_command_sets_the_release_environment(tmp_path: Path) -> None:
+    rel = tmp_path / "rel $x"
+    rel.mkdir()
+    cmd = hr.in_release_command(
+        str(rel) + "/", TOKEN, ["sh", "-c", 'echo "$PWD|$PYTHONPATH|$KDTREE_CONFIG|$KDTREE_PARITY_TOKEN"']
+    )
+    out = sh(cmd).stdout.strip().split("|")
+    assert out == [str(rel), f"{rel}/kernel:{rel}/backend", f"{rel}/deploy/kdtree.json", TOKEN]
+
+
+def test_token_is_checked() -> None:
+    for bad in ("short", "x y z 1234567", "a" * 129, "$(id)abcdefgh"):
+        with pytest.raises(UsageError):
+            hr.in_release_command("/r", bad, ["true"])
+
+
+def test_synthetic_and_capture_replay() -> None:
+    syn = shlex.split(hr.synthetic_replay_command("/usr/bin/python3", HOSTILE, TOKEN, steps=4, threshold=0.02))
+    assert syn[syn.index("-m") :] == [
+        "-m",
+        "kdtree_backend.replay",
+        "--steps",
+        "4",
+        "--interval",
+        "0",
+        "--threshold",
+        "0.02",
+    ]
+    assert syn[:2] == ["cd", HOSTILE]
+    cap = shlex.split(hr.capture_replay_command("py", "/r", f"{HOSTILE}/state/capture", TOKEN, threshold=0.05))
+    assert cap[-4:] == ["--captures", f"{HOSTILE}/state/capture", "--threshold", "0.05"]
+
+
+def test_build_argv() -> None:
+    argv = hr.build_argv("py", "/r/", arch="12.0", out_subdir="ext", timeout_s=1800)
+    assert argv == [
+        "py",
+        "/r/deploy/build_extension.py",
+        "--arch",
+        "12.0",
+        "--out",
+        "/r/ext",
+        "--log",
+        "/r/build.log",
+        "--timeout",
+        "1800",
+    ]
