@@ -26,7 +26,7 @@ from typing import Any
 from .errors import LockHeld
 from .host import layout as host_layout
 from .host import lock as host_lock
-from .host.facts import parse_facts
+from .host.facts import key_values, parse_facts
 from .host.layout import Layout, check_id, snapshot_command, valid_id
 from .host.lock import LOCK_LEASE_S, UNLEASED_LOCK_S
 from .host.remote import CommandResultLike, Remote
@@ -163,10 +163,7 @@ def parse_snapshot(stdout: str) -> HostSnapshot:
     bad: set[str] = set()
     bad_reasons: dict[str, str] = {}
     entries: list[str] = []
-    for line in stdout.splitlines():
-        key, sep, value = line.partition("=")
-        if not sep:
-            continue
+    for key, value in key_values(stdout):
         if key == "release":
             mtime, _, name = value.partition(" ")
             if valid_id(name):

@@ -10,7 +10,7 @@ installed), ``disk_path=``, ``disk_total_kb=``, ``disk_avail_kb=``, and a few wo
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 # Everything any caller reads about the unit; one `systemctl show` answers them all.
@@ -93,9 +93,17 @@ def facts_command(root: str, unit: str) -> str:
     )
 
 
+def key_values(text: str) -> Iterator[tuple[str, str]]:
+    """(key, value) of each ``key=value`` line, in order; lines without ``=`` are skipped."""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            yield key, value
+
+
 def parse_systemctl_show(text: str) -> dict[str, str]:
     """``Key=value`` lines (``systemctl show``) -> {Key: value}; other lines are ignored."""
-    return {key: value for key, sep, value in (line.partition("=") for line in text.splitlines()) if sep}
+    return dict(key_values(text))
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -107,10 +115,7 @@ def parse_facts(stdout: str) -> SystemFacts:
     words: dict[str, str] = {}
     unit: dict[str, str] = {}
     gpu_lines: list[str] = []
-    for line in stdout.splitlines():
-        key, sep, value = line.partition("=")
-        if not sep:
-            continue
+    for key, value in key_values(stdout):
         if key.startswith("unit."):
             unit[key.removeprefix("unit.")] = value.strip()
         elif key == "gpu":
