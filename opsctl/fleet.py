@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -204,11 +203,9 @@ def run_rollout(
     t0 = time.monotonic()
     report = RolloutReport()
     done: dict[str, HostOutcome] = {}
-    lock = threading.Lock()
 
-    def record(o: HostOutcome) -> None:
-        with lock:
-            done[o.host] = o
+    def record(o: HostOutcome) -> None:  # always on this thread: run_on_hosts hands results back here
+        done[o.host] = o
         progress(f"{o.host}: {o.outcome.value}" + (f" ({o.verdict})" if o.verdict else "") + f" in {o.elapsed_s:.1f}s")
 
     def failures() -> int:
@@ -224,7 +221,7 @@ def run_rollout(
                 hosts,
                 lambda h: _safe(action, h),
                 workers=max_workers,
-                on_result=lambda done_host: record(done_host.unwrap()),
+                on_result=lambda result: record(result.unwrap()),
                 thread_name_prefix="rollout",
             )
         else:
