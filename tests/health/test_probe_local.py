@@ -99,3 +99,28 @@ def test_gpu_expected_but_no_nvidia_smi_is_crit(tmp_path: Path) -> None:
     raw = probe_locally(h, path="/nonexistent")
     gpu = evaluate(h, facts(h, raw)).check("gpu")
     assert gpu is not None and gpu.level is Level.CRIT
+
+
+def test_gpu_facts_come_from_the_shared_probe_parser() -> None:
+    from opsctl.host.facts import parse_facts
+
+    system = parse_facts("gpu_rc=0\ngpu=NVIDIA H200, 9.0\ngpu=NVIDIA H200, 9.0\ndisk_avail_kb=1048576\n")
+    raw = {"release_error": "[Errno 2] No such file or directory: '/x'"}
+    h200 = host(gpu_arch="9.0", service={"mode": "replay"})
+    run = facts_from_probe(
+        h200,
+        system,
+        raw,
+        local_time=0.0,
+        elapsed_s=0.1,
+        lock_owner=lock_owner,
+        pid_alive=pid_alive,
+        local_hostname="me",
+    )
+    assert run.gpu is not None and run.gpu.gpus == (("NVIDIA H200", "9.0"), ("NVIDIA H200", "9.0"))
+    assert run.disk_free_mb == 1024.0
+    assert evaluate(h200, run).check("gpu").level is Level.OK  # type: ignore[union-attr]
+    wrong = host(gpu_arch="12.0", service={"mode": "replay"})
+    assert evaluate(wrong, facts(wrong, (system, raw))).check("gpu").level is Level.CRIT  # type: ignore[union-attr]
+    cpu = host(gpu_arch=None, service={"mode": "replay"})
+    assert facts(cpu, (system, raw)).gpu is None  # not expected: not looked at
