@@ -18,10 +18,12 @@ Layout on a host (``<root>`` is the release root; every directory 0700, every fi
                                     sha256 and size of each file
         tp<r>.done.json             rank r has finished this capture: calls, bytes, steps, why it stopped
 
-The running service never changes what it returns: capture only reads the step's tensors. On CUDA the copies
-to pinned host memory are issued without blocking and a writer thread waits for them, hashes and writes; the
-verify step itself pays the gathers and the copies' launch, plus one host read of three offsets per captured
-step. Not armed, the per-step cost is :meth:`Capturer.armed`: one monotonic clock read and a compare; the request
+The running service never changes what it returns: capture only reads the step's tensors. On CUDA the step
+gathers the rows into device memory of its own (and copies q and out there), records an event and queues the
+call; a writer thread copies it to the host on its own stream once the event has passed, hashes and writes. So
+the verify step pays the gathers and small device copies, plus one host read of three offsets per captured
+step, and neither pins host memory nor waits for a copy; the device memory queued is bounded
+(DEVICE_BACKLOG_BYTES: beyond it a later step is taken). Not armed, the per-step cost is :meth:`Capturer.armed`: one monotonic clock read and a compare; the request
 file is looked at once per POLL_S.
 
 CUDA graphs (:class:`GraphSlots`): the replayed forward runs no Python, so the graph itself holds, after the kernel
@@ -58,12 +60,16 @@ REQUEST_FILE = "request.json"
 STATE_ENV = "KDTREE_STATE_DIR"  # <root>/state; default: derived from where this release lives
 RELEASE_ENV = "KDTREE_RELEASE_ID"
 POLL_S = 1.0
+IF_NODES_ENV = "KDTREE_CAPTURE_IF_NODES"  # 0: never put the graph's capture writes in a conditional node
 MAX_STEPS = 64
 MAX_LAYERS = 512
 ID_RE = re.compile(r"c\d{8}T\d{6}Z-[0-9a-f]{6}")
 CALL_RE = re.compile(r"tp(\d{1,4})-L(\d{1,6})-s(\d{1,9})")
 FILES = ("inputs", "sglang", "output")
 DIR_MODE = 0o700
+# Device memory the calls waiting for the writer may hold (gathered rows, copies of q and out); a step beyond it
+# is not taken (a later one is).
+DEVICE_BACKLOG_BYTES = 256 << 20
 FILE_MODE = 0o600
 
 
@@ -224,6 +230,7 @@ def _storage_view(pool: torch.Tensor) -> torch.Tensor:
 
 
 _CONDITIONAL_NODES: dict[str, bool] = {}
+CONDITIONAL_NODES_WHY: dict[str, str] = {}  # per device, why conditional nodes are not used (for logs and tests)
 
 
 def conditional_nodes_usable(device: torch.device) -> bool:
@@ -233,21 +240,29 @@ def conditional_nodes_usable(device: torch.device) -> bool:
     key = str(device)
     if key in _CONDITIONAL_NODES:
         return _CONDITIONAL_NODES[key]
-    usable = False
-    if device.type == "cuda" and hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
+    why = ""
+    if device.type != "cuda":
+        why = "not a CUDA device"
+    elif os.environ.get(IF_NODES_ENV, "1") == "0":
+        why = f"switched off by {IF_NODES_ENV}=0"
+    elif not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
+        why = f"torch {torch.__version__} has no CUDAGraph.begin_capture_to_if_node"
+    else:
         try:
-            usable = _probe_conditional_nodes(device)
+            why = _probe_conditional_nodes(device)
         except Exception as exc:  # an old driver or torch: the slots are written on every replay instead
-            reason = f"{type(exc).__name__}: {exc}"
-            _log(
-                f"CUDA graph conditional nodes not usable on {device} ({reason}); capture writes its slots every replay"
-            )
-    _CONDITIONAL_NODES[key] = usable
-    return usable
+            why = f"{type(exc).__name__}: {exc}"
+    _CONDITIONAL_NODES[key] = not why
+    if why:
+        CONDITIONAL_NODES_WHY[key] = why
+        if device.type == "cuda":
+            _log(f"CUDA graph conditional nodes not used on {device} ({why}); capture writes its slots every replay")
+    return not why
 
 
-def _probe_conditional_nodes(device: torch.device) -> bool:
-    flag = torch.zeros(1, dtype=torch.bool, device=device)
+def _probe_conditional_nodes(device: torch.device) -> str:
+    """Empty when the if-node behaves (skipped with the flag off, run with it on); else what went wrong."""
+    flag = torch.zeros((), dtype=torch.bool, device=device)
     source = torch.arange(48, dtype=torch.float32, device=device).view(6, 8)
     index = torch.tensor([5, 0, 3], device=device)
     copied = torch.zeros(6, 8, device=device)
@@ -262,11 +277,14 @@ def _probe_conditional_nodes(device: torch.device) -> bool:
         _if_node_body(flag, body)
     graph.replay()
     torch.cuda.synchronize(device)
-    skipped = not bool(copied.any()) and not bool(gathered.any())
+    if bool(copied.any()) or bool(gathered.any()):
+        return "the if-node body ran with the flag off"
     flag.fill_(True)
     graph.replay()
     torch.cuda.synchronize(device)
-    return skipped and torch.equal(copied, source) and torch.equal(gathered, source[index])
+    if not (torch.equal(copied, source) and torch.equal(gathered, source[index])):
+        return "the if-node body did not run (or ran wrong) with the flag on"
+    return ""
 
 
 def _if_node_body(flag: torch.Tensor, body: Callable[[], object]) -> None:
@@ -313,7 +331,7 @@ class GraphSlots:
         self.kv_dtype = kv_dtype
         q_dim = int(kv_row_shape[-1])
         storage = _storage_view(torch.empty(0, dtype=kv_dtype)).dtype
-        self.flag = torch.zeros(1, dtype=torch.bool, device=device)
+        self.flag = torch.zeros((), dtype=torch.bool, device=device)  # a scalar, as conditional nodes want
         self.index = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.q = {layer: torch.zeros(max_tokens, heads, q_dim, dtype=dtype, device=device) for layer in self.layers}
         self.out = {
@@ -362,9 +380,6 @@ class GraphSlots:
         elif bool(self.flag.item()) if not q.is_cuda else self.armed_on_device:
             body()  # not inside a graph (the CPU emulation, warm-up runs): the flag decides here
 
-    def draft_rows(self, layer: int, tokens: int) -> torch.Tensor:
-        return self.drafts[layer][:tokens].view(self.kv_dtype)
-
 
 # ---------------------------------------------------------------------------------------------- writer
 
@@ -373,9 +388,12 @@ class GraphSlots:
 class _CallJob:
     directory: Path
     name: str
-    groups: dict[str, dict[str, torch.Tensor]]  # file stem -> tensors (host copies, maybe still landing)
+    # file stem -> tensors: host copies, or (with ``event``) device tensors of the capture's own that the writer
+    # copies to the host once the event has passed
+    groups: dict[str, dict[str, torch.Tensor]]
     manifest: dict[str, Any]
-    event: Any = None  # torch.cuda.Event after the copies, or None on CPU
+    event: Any = None  # torch.cuda.Event recorded after the tensors were made, or None on CPU
+    device_bytes: int = 0  # device memory the job holds until the writer has copied it
 
 
 @dataclass
@@ -391,8 +409,40 @@ class _Writer:
         self.jobs: queue.Queue[_CallJob | _DoneJob | None] = queue.Queue()
         self.log = log
         self.errors = 0
+        self.device_backlog = 0  # bytes of device tensors queued and not yet copied to the host
+        self._lock = threading.Lock()
+        self._stream: Any = None  # the writer's own CUDA stream, for its device-to-host copies
         self.thread = threading.Thread(target=self._run, name="kdtree-capture-writer", daemon=True)
         self.thread.start()
+
+    def put_call(self, job: _CallJob) -> None:
+        with self._lock:
+            self.device_backlog += job.device_bytes
+        self.jobs.put(job)
+
+    def _fetch(self, job: _CallJob) -> None:
+        """The job's device tensors to host memory, on the writer's stream once the step's event has passed: the
+        serving thread never waits for these copies nor pins memory for them."""
+        if job.event is None:
+            return
+        try:
+            device = next(t.device for group in job.groups.values() for t in group.values())
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=device)
+            copies: dict[int, torch.Tensor] = {}
+            with torch.cuda.stream(self._stream):
+                self._stream.wait_event(job.event)
+                for tensors in job.groups.values():
+                    for key, t in tensors.items():
+                        host = copies.get(id(t))
+                        if host is None:
+                            host = copies[id(t)] = t.to("cpu")
+                        tensors[key] = host
+            self._stream.synchronize()
+            job.event = None
+        finally:
+            with self._lock:
+                self.device_backlog -= job.device_bytes
 
     def _run(self) -> None:
         while True:
@@ -403,6 +453,7 @@ class _Writer:
                 if isinstance(job, _DoneJob):
                     _write_json(job.path, job.summary)
                 else:
+                    self._fetch(job)
                     _write_call(job)
             except Exception as exc:  # the service must go on; the capture is incomplete and says so
                 self.errors += 1
@@ -433,8 +484,6 @@ def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
 
 
 def _write_call(job: _CallJob) -> None:
-    if job.event is not None:
-        job.event.synchronize()  # the device-to-host copies have landed
     partial = job.directory / f".{job.name}.partial"
     final = job.directory / job.name
     if final.exists():
@@ -610,6 +659,8 @@ class Capturer:
         ``padding``: how many of the ``bs`` requests are CUDA-graph padding (the last ones)."""
         if self.progress is None:
             return False
+        if self._writer is not None and self._writer.device_backlog > DEVICE_BACKLOG_BYTES:
+            return False  # the writer is still copying earlier calls off the device: take a later step
         try:
             with torch.no_grad():
                 tokens = bs * q_len
@@ -698,7 +749,7 @@ class Capturer:
             with torch.no_grad():
                 tokens = step.plan.out_cache_loc.numel()
                 for layer, (rows, recorded) in step.graph_rows.items():
-                    rows[step.plan.out_cache_loc] = slots.draft_rows(layer, tokens)
+                    _storage_view(rows)[step.plan.out_cache_loc] = slots.drafts[layer][:tokens]
                     self._queue_call(
                         layer,
                         step,
@@ -783,6 +834,8 @@ class Capturer:
             return None
         assert step.remapped_keys is not None
         heads, dl = out.shape[1], out.shape[-1]
+        if out.is_cuda:  # views of live buffers (the step's activations, the graph's slots): the capture's own copy
+            q, out = q.clone(), out.clone()
         per_call = {
             "inputs": {"q": q, "kv_rows": kv_rows, "keys": step.remapped_keys, **step.shared["inputs"]},
             "sglang": step.shared["sglang"],
@@ -791,7 +844,7 @@ class Capturer:
         size = sum(nbytes(group) for group in per_call.values())
         if budget and progress.bytes + size > progress.request.max_bytes:
             return size
-        groups, event = _to_host(per_call)
+        groups, event, device_bytes = _hand_over(per_call)
         manifest = {
             "format": FORMAT,
             "capture": progress.request.id,
@@ -819,7 +872,7 @@ class Capturer:
             },
         }
         name = call_name(self.tp, layer, step.index)
-        writer.jobs.put(_CallJob(directory / progress.request.id, name, groups, manifest, event))
+        writer.put_call(_CallJob(directory / progress.request.id, name, groups, manifest, event, device_bytes))
         progress.calls += 1
         progress.bytes += size
         progress.layers_seen.add(layer)
@@ -871,32 +924,20 @@ def _gather_rows(pool: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return _storage_view(pool)[rows].view(pool.dtype)
 
 
-def _to_host(
+def _hand_over(
     groups: Mapping[str, Mapping[str, torch.Tensor]],
-) -> tuple[dict[str, dict[str, torch.Tensor]], Any]:
-    """Host copies of every tensor: pinned and non-blocking on CUDA (with an event the writer waits on), plain
-    clones on CPU. Tensors shared between groups are copied once."""
-    copies: dict[int, torch.Tensor] = {}
-    on_cuda = False
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for stem, tensors in groups.items():
-        out[stem] = {}
-        for key, t in tensors.items():
-            host = copies.get(id(t))
-            if host is None:
-                if t.is_cuda:
-                    on_cuda = True
-                    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                    host.copy_(t, non_blocking=True)
-                else:
-                    host = t.detach().clone()
-                copies[id(t)] = host
-            out[stem][key] = host
-    event = None
-    if on_cuda:
+) -> tuple[dict[str, dict[str, torch.Tensor]], Any, int]:
+    """What the writer gets: on CUDA the tensors as they are (the caller made them the capture's own), an event
+    recorded after them and their device bytes (the writer copies them to the host off this thread); on CPU plain
+    clones. Tensors shared between groups are handed over once."""
+    out = {stem: dict(tensors) for stem, tensors in groups.items()}
+    unique = {id(t): t for tensors in out.values() for t in tensors.values()}
+    if any(t.is_cuda for t in unique.values()):
         event = torch.cuda.Event()
         event.record()
-    return out, event
+        return out, event, sum(t.numel() * t.element_size() for t in unique.values())
+    clones = {key: t.detach().clone() for key, t in unique.items()}
+    return {stem: {k: clones[id(t)] for k, t in tensors.items()} for stem, tensors in out.items()}, None, 0
 
 
 def sha256_file(path: Path) -> str:

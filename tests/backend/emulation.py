@@ -85,15 +85,16 @@ class GraphServer:
         self.out_cache_loc = template.out_cache_loc.clone()
         self.qo_indptr = template.qo_indptr.long()
         self.graph: torch.cuda.CUDAGraph | None = None
-        self._load(template)
-        self._prepare(capture=True)
+        self.load(template)
+        self.prepare(capture=True)
         self._forward()  # the capture run (on CUDA: the warm-up the runner does before capturing)
         if device.type == "cuda":
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self._forward()
 
-    def _load(self, batch: VerifyBatch) -> None:
+    def load(self, batch: VerifyBatch) -> None:
+        """The step's metadata into the static buffers and its committed prefix into the pools (drafts zeroed)."""
         self.kv_indptr.copy_(batch.kv_indptr)
         self.kv_indices[: batch.kv_indices.numel()].copy_(batch.kv_indices)
         self.custom_mask[: batch.custom_mask.numel()].copy_(batch.custom_mask)
@@ -104,7 +105,7 @@ class GraphServer:
             self.pools[layer].copy_(batch.kv_buffers[layer])
             self.pools[layer][batch.out_cache_loc] = 0  # the drafts' K/V are saved by the replay itself
 
-    def _prepare(self, capture: bool = False, padding: int = 0) -> None:
+    def prepare(self, capture: bool = False, padding: int = 0) -> None:
         self.engine.prepare(
             kv_indptr=self.kv_indptr,
             kv_indices=self.kv_indices,
@@ -123,16 +124,19 @@ class GraphServer:
         for layer in self.layers:
             self.engine.forward(layer, self.q[layer], self.pools[layer], self.outs[layer], self.template.sm_scale)
 
-    def step(self, batch: VerifyBatch, *, padding: int = 0) -> dict[int, torch.Tensor]:
-        """One verify step of ``batch`` (the template's shapes); the outputs as the replay left them (copies)."""
-        self._load(batch)
-        self._prepare(padding=padding)
-        for layer in self.layers:  # the replay saves the drafts' K/V before the layer's attention
-            self.pools[layer][batch.out_cache_loc] = batch.kv_buffers[layer][batch.out_cache_loc]
+    def replay(self) -> None:
         if self.graph is not None:
             self.graph.replay()
         else:
             self._forward()
+
+    def step(self, batch: VerifyBatch, *, padding: int = 0) -> dict[int, torch.Tensor]:
+        """One verify step of ``batch`` (the template's shapes); the outputs as the replay left them (copies)."""
+        self.load(batch)
+        self.prepare(padding=padding)
+        for layer in self.layers:  # the replay saves the drafts' K/V before the layer's attention
+            self.pools[layer][batch.out_cache_loc] = batch.kv_buffers[layer][batch.out_cache_loc]
+        self.replay()
         outs = {layer: out.clone() for layer, out in self.outs.items()}
         for layer in self.layers:  # the draft slots freed after the step and reused (a prefill, say)
             self.pools[layer][batch.out_cache_loc] = 7

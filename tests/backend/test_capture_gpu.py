@@ -1,7 +1,8 @@
 """GPU: capture from the backend's verify path with the CUDA kernel (eager), replay with the kernel (rel <= 1e-2
 against the fp32 attention, and against the output the capturing run returned), the classic bug caught by the
-capture replay, and a CUDA-graph step (capture not supported there yet) reported as such with the output unchanged.
-Skipped without a CUDA GPU or without the built extension."""
+capture replay; and the same under CUDA-graph replay (the captured forward writes the capture slots, with and
+without conditional nodes): outputs bit-identical with and without capture, every captured row as the replay read
+it, replay within 1e-2, the classic bug caught. Skipped without a CUDA GPU or without the built extension."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kdtree_backend import capture as capture_module
 from kdtree_backend.batch import dense_verify_attention, make_verify_batch
 from kdtree_backend.capture import REQUEST_FILE, Capturer
 from kdtree_backend.config import ParityConfig
@@ -20,6 +22,7 @@ from kdtree_backend.engine import VerifyEngine
 from kdtree_backend.replay_captures import find_calls, load_call, replay_captures
 from kdtree_backend.verify import kernel_usable, parity_stats
 
+from .emulation import GraphServer
 from .helpers import PYTHON, REPO, buggy_release, replay_env
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -95,11 +98,8 @@ def test_eager_capture_with_the_kernel_replays_within_1e_2(tmp_path: Path) -> No
         assert fields["path"] == "kernel" and float(fields["vs_running"]) <= 1e-2, line
 
 
-def test_classic_bug_caught_by_the_capture_replay_on_gpu(tmp_path: Path) -> None:
-    require_kernel()
-    directory = tmp_path / "capture"
-    arm(directory, steps=1)
-    eager_steps(directory, steps=1)
+def replay_with_bug(directory: Path, tmp_path: Path) -> int:
+    """Replay ``directory`` with a classic-bug release through the CLI on the GPU; the number of calls it failed."""
     env = replay_env(buggy_release("drafts", tmp_path))
     env["KDTREE_EXT_DIR"] = os.environ.get("KDTREE_EXT_DIR", str(REPO / "kernel" / "build"))
     res = subprocess.run(
@@ -109,81 +109,109 @@ def test_classic_bug_caught_by_the_capture_replay_on_gpu(tmp_path: Path) -> None
         text=True,
         timeout=300,
     )
+    print(res.stdout)
     assert res.returncode == 3, res.stdout + res.stderr
     assert "path=kernel" in res.stdout and "captures=2 damaged=0" in res.stdout
+    rels = [
+        float(line.split(" rel=")[1].split()[0]) for line in res.stdout.splitlines() if line.startswith("[kdtree] L")
+    ]
+    return sum(rel > 0.05 for rel in rels)
 
 
-def test_cuda_graph_step_is_reported_unsupported_and_the_output_unchanged(tmp_path: Path) -> None:
+def test_classic_bug_caught_by_the_capture_replay_on_gpu(tmp_path: Path) -> None:
     require_kernel()
+    directory = tmp_path / "capture"
+    arm(directory, steps=1)
+    eager_steps(directory, steps=1)
+    assert replay_with_bug(directory, tmp_path) == 2
+
+
+def graph_steps(
+    directory: Path | None, steps: int, *, conditional: bool | None = None
+) -> tuple[list, list, GraphServer]:
+    """Verify steps replayed from a real CUDA graph (the backend's verify path with the kernel, capture slots of
+    LAYERS); ``conditional`` False: the slots written on every replay (as on a device without conditional nodes)."""
     import kdtree_kernel
 
-    directory = tmp_path / "capture"
-    arm(directory)
-    capturer = Capturer(directory, release="rgpu", tp=0, poll_s=0.0, log=lambda _: None)
+    if conditional is not None:
+        capture_module._CONDITIONAL_NODES[str(torch.device("cuda", torch.cuda.current_device()))] = conditional
+        capture_module._CONDITIONAL_NODES["cuda"] = conditional
+    capturer = Capturer(directory, release="rgpu", tp=0, poll_s=0.0, log=print)
     engine = VerifyEngine(
-        q_len=Q_LEN,
-        heads=HEADS,
-        parity=ParityConfig(False, 1, ()),
-        use_kernel=True,
-        sink=lambda _: None,
+        q_len=Q_LEN, heads=HEADS, parity=ParityConfig(False, 1, LAYERS), use_kernel=True, sink=lambda _: None,
         capturer=capturer,
-    )
+    )  # fmt: skip
     max_context = PREFIX + Q_LEN
-    engine.allocate_graph_buffers(
-        max_bs=BS,
-        max_context_len=max_context,
-        device=torch.device("cuda"),
+    template = make_verify_batch(bs=BS, prefix=PREFIX, q_len=Q_LEN, heads=HEADS, layers=LAYERS, device="cuda", seed=99)
+    server = GraphServer(
+        engine, template, max_context=max_context,
         workspace_bytes=kdtree_kernel.workspace_size(BS, Q_LEN, HEADS, max_context),
-    )
-    static = make_verify_batch(bs=BS, prefix=PREFIX, q_len=Q_LEN, heads=HEADS, layers=LAYERS, device="cuda", seed=0)
-    kv_indices = torch.zeros(BS * max_context, dtype=torch.long, device="cuda")
-    custom_mask = torch.zeros(BS * Q_LEN * (max_context + Q_LEN), dtype=torch.uint8, device="cuda")
-    outs = {layer: torch.empty(BS * Q_LEN, HEADS, 512, dtype=torch.bfloat16, device="cuda") for layer in LAYERS}
-
-    def load(batch) -> None:  # type: ignore[no-untyped-def]
-        static.kv_indptr.copy_(batch.kv_indptr)
-        kv_indices[: batch.kv_indices.numel()].copy_(batch.kv_indices)
-        custom_mask[: batch.custom_mask.numel()].copy_(batch.custom_mask)
-        static.mask_indptr.copy_(batch.mask_indptr)
-        static.out_cache_loc.copy_(batch.out_cache_loc)
-        for layer in LAYERS:
-            static.q[layer].copy_(batch.q[layer])
-            static.kv_buffers[layer].copy_(batch.kv_buffers[layer])
-
-    def prepare(capture: bool) -> None:
-        engine.prepare(
-            kv_indptr=static.kv_indptr,
-            kv_indices=kv_indices,
-            out_cache_loc=static.out_cache_loc,
-            custom_mask=custom_mask,
-            mask_indptr=static.mask_indptr,
-            qo_indptr=static.qo_indptr.long(),
-            bs=BS,
-            graph=True,
-            capture=capture,
-            kv_buffer_shape=static.kv_buffers[0].shape,
-        )
-
-    def forward() -> None:
-        for layer in LAYERS:
-            engine.forward(layer, static.q[layer], static.kv_buffers[layer], outs[layer], static.sm_scale)
-
-    load(static)
-    prepare(capture=True)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        forward()
-    rels = []
-    for index in range(3):
-        batch = make_verify_batch(
-            bs=BS, prefix=PREFIX, q_len=Q_LEN, heads=HEADS, layers=LAYERS, device="cuda", seed=50 + index
-        )
-        load(batch)
-        prepare(capture=False)
-        graph.replay()
-        rels += [parity_stats(outs[layer], dense_verify_attention(batch, layer))[2] for layer in LAYERS]
+    )  # fmt: skip
+    batches = [
+        make_verify_batch(bs=BS, prefix=PREFIX, q_len=Q_LEN, heads=HEADS, layers=LAYERS, device="cuda", seed=50 + i)
+        for i in range(steps)
+    ]
+    outs = [server.step(batch, padding=1 if i == 1 else 0) for i, batch in enumerate(batches)]
     torch.cuda.synchronize()
     capturer.drain()
-    assert max(rels) <= 1e-2
+    return outs, batches, server
+
+
+@pytest.mark.parametrize("conditional", [None, False], ids=["as-probed", "every-replay"])
+def test_capture_under_cuda_graph_replay_replays_within_1e_2_and_changes_no_output(
+    tmp_path: Path, conditional: bool | None
+) -> None:
+    require_kernel()
+    saved = dict(capture_module._CONDITIONAL_NODES)
+    try:
+        directory = tmp_path / "capture"
+        arm(directory, steps=2)
+        outs, batches, server = graph_steps(directory, steps=4, conditional=conditional)
+        plain, _, _ = graph_steps(None, steps=4)
+    finally:
+        capture_module._CONDITIONAL_NODES.clear()
+        capture_module._CONDITIONAL_NODES.update(saved)
+    slots = server.engine.graph.capture if server.engine.graph is not None else None
+    assert slots is not None
+    why = capture_module.CONDITIONAL_NODES_WHY.get(str(torch.device("cuda", torch.cuda.current_device())), "")
+    print(f"capture slots: conditional nodes {slots.conditional} {why}, {slots.nbytes() / 1e6:.1f} MB")
+    rels = []
+    for step_outs, plain_outs, batch in zip(outs, plain, batches, strict=True):
+        for layer in LAYERS:
+            assert torch.equal(step_outs[layer], plain_outs[layer])  # capture never changes what the graph returns
+            rels.append(parity_stats(step_outs[layer], dense_verify_attention(batch, layer))[2])
+    assert max(rels) <= 1e-2, rels
+    calls = find_calls(directory)
+    assert [c.name for c in calls] == ["tp0-L0-s0", "tp0-L0-s1", "tp0-L30-s0", "tp0-L30-s1"]
     done = json.loads((directory / CAPTURE_ID / "tp0.done.json").read_text())
-    assert done["reason"] == "cuda_graphs_unsupported" and done["calls"] == 0
+    assert done["reason"] == "steps" and done["calls"] == 4
+    for call_dir in calls:
+        call = load_call(call_dir)
+        layer, step = call.manifest["layer"], call.manifest["step"]
+        batch = batches[step]
+        rows = torch.cat(
+            [
+                batch.req_to_token[int(batch.req_pool_indices[b]), : n + Q_LEN].long()
+                for b, n in enumerate(batch.seq_lens.tolist())
+            ]
+        )
+        assert torch.equal(
+            call.inputs["kv_rows"], batch.kv_buffers[layer][rows.to("cuda")].cpu()
+        )  # as the replay read them
+        assert torch.equal(call.output["out"], outs[step][layer].cpu())
+        assert call.manifest["graph"] is True and call.manifest["padding_requests"] == (1 if step == 1 else 0)
+    lines: list[str] = []
+    summary = replay_captures(directory, torch.device("cuda"), threshold=1e-2, sink=lines.append)
+    print("\n".join(lines))
+    assert summary.calls == 4 and summary.worst_rel <= 1e-2, lines
+    for line in lines:
+        fields = dict(kv.split("=", 1) for kv in line.split()[2:])
+        assert fields["path"] == "kernel" and float(fields["vs_running"]) <= 1e-2, line
+
+
+def test_classic_bug_caught_by_the_replay_of_graph_captures(tmp_path: Path) -> None:
+    require_kernel()
+    directory = tmp_path / "capture"
+    arm(directory, steps=1)
+    graph_steps(directory, steps=2)
+    assert replay_with_bug(directory, tmp_path) == 2
