@@ -75,7 +75,7 @@ class GraphServer:
         self.pools = {layer: template.kv_buffers[layer].clone() for layer in self.layers}
         self.q = {layer: template.q[layer].clone() for layer in self.layers}
         self.outs = {
-            layer: torch.zeros(bs * q_len, template.heads, 512, dtype=pool.dtype, device=device)
+            layer: torch.zeros(bs * q_len, template.heads, 512, dtype=template.q[layer].dtype, device=device)
             for layer in self.layers
         }
         self.kv_indptr = template.kv_indptr.clone()
@@ -103,7 +103,7 @@ class GraphServer:
         for layer in self.layers:
             self.q[layer].copy_(batch.q[layer])
             self.pools[layer].copy_(batch.kv_buffers[layer])
-            self.pools[layer][batch.out_cache_loc] = 0  # the drafts' K/V are saved by the replay itself
+            _rows(self.pools[layer])[batch.out_cache_loc] = 0  # the drafts' K/V are saved by the replay itself
 
     def prepare(self, capture: bool = False, padding: int = 0) -> None:
         self.engine.prepare(
@@ -135,9 +135,25 @@ class GraphServer:
         self.load(batch)
         self.prepare(padding=padding)
         for layer in self.layers:  # the replay saves the drafts' K/V before the layer's attention
-            self.pools[layer][batch.out_cache_loc] = batch.kv_buffers[layer][batch.out_cache_loc]
+            _rows(self.pools[layer])[batch.out_cache_loc] = _rows(batch.kv_buffers[layer])[batch.out_cache_loc]
         self.replay()
         outs = {layer: out.clone() for layer, out in self.outs.items()}
         for layer in self.layers:  # the draft slots freed after the step and reused (a prefill, say)
-            self.pools[layer][batch.out_cache_loc] = 7
+            _rows(self.pools[layer])[batch.out_cache_loc] = 7
         return outs
+
+
+def _rows(pool: torch.Tensor) -> torch.Tensor:
+    """The pool as bytes per row (float8 pools cannot be indexed or filled as such everywhere)."""
+    return pool.view(torch.uint8)
+
+
+def rows_read(batch: VerifyBatch) -> torch.Tensor:
+    """The pool rows a verify step of ``batch`` reads, per request its prefix then its drafts (from SGLang's
+    ``req_to_token``, independent of the code under test)."""
+    return torch.cat(
+        [
+            batch.req_to_token[int(req), : int(seq_len) + batch.q_len].long()
+            for req, seq_len in zip(batch.req_pool_indices.tolist(), batch.seq_lens.tolist(), strict=True)
+        ]
+    ).to(batch.kv_indices.device)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from kdtree_backend import tensorfile
-from kdtree_backend.batch import dense_verify_attention, make_verify_batch
+from kdtree_backend.batch import VerifyBatch, dense_verify_attention, make_verify_batch
 from kdtree_backend.capture import (
     REQUEST_FILE,
     CaptureError,
@@ -35,7 +35,7 @@ from kdtree_backend.replay_captures import (
     replay_captures,
 )
 
-from .emulation import GraphServer
+from .emulation import GraphServer, rows_read
 from .helpers import PYTHON, REPO, buggy_release, replay_env
 
 CAPTURE_ID = "c20260601T120000Z-0a1b2c"
@@ -356,10 +356,7 @@ def test_graph_mode_capture_stores_what_each_replay_read_and_changes_no_output(t
         layer, step = call.manifest["layer"], call.manifest["step"]
         batch = batches[step]
         # Every row as the step read it: the prefix, and the drafts its replay saved (since overwritten).
-        rows = []
-        for b, seq_len in enumerate(batch.seq_lens.tolist()):
-            rows += batch.req_to_token[int(batch.req_pool_indices[b]), : seq_len + 9].tolist()
-        assert torch.equal(call.inputs["kv_rows"], batch.kv_buffers[layer][torch.tensor(rows)])
+        assert torch.equal(call.inputs["kv_rows"], batch.kv_buffers[layer][rows_read(batch)])
         assert torch.equal(call.inputs["q"], batch.q[layer])
         assert torch.equal(call.output["out"], outs[step][layer])
         assert call.manifest["graph"] is True and call.manifest["keys_outside_rows"] == 0
@@ -388,6 +385,34 @@ def test_graph_mode_capture_of_layers_outside_the_capture_set_says_so(tmp_path: 
     run_graph(directory, steps=2, graph_layers=(0,))
     done = json.loads((directory / CAPTURE_ID / "tp0.done.json").read_text())
     assert done["reason"] == "layers_not_in_graph" and done["graph_layers"] == [0] and done["calls"] == 0
+
+
+def test_graph_mode_capture_of_an_fp8_pool_keeps_its_bytes(tmp_path: Path) -> None:
+    directory = tmp_path / "capture"
+    arm(directory, layers=[0], steps=1)
+    capturer = Capturer(directory, release="rtest", tp=0, poll_s=0.0, log=lambda _: None)
+    engine = VerifyEngine(
+        q_len=9, heads=4, parity=ParityConfig(False, 1, (0,)), use_kernel=False, sink=lambda _: None,
+        capturer=capturer,
+    )  # fmt: skip
+
+    def fp8(batch: VerifyBatch) -> VerifyBatch:
+        batch.kv_buffers = {layer: pool.float().to(torch.float8_e4m3fn) for layer, pool in batch.kv_buffers.items()}
+        return batch
+
+    server = GraphServer(engine, fp8(make_verify_batch(bs=2, prefix=40, q_len=9, heads=4, seed=99)), max_context=64)
+    batches = [fp8(make_verify_batch(bs=2, prefix=40, q_len=9, heads=4, seed=s)) for s in range(2)]
+    outs = [server.step(batch) for batch in batches]
+    capturer.drain()
+    (call_dir,) = find_calls(directory)
+    call = load_call(call_dir)
+    batch = batches[0]
+    rows = rows_read(batch)
+    assert call.inputs["kv_rows"].dtype == torch.float8_e4m3fn
+    assert torch.equal(call.inputs["kv_rows"].view(torch.uint8), batch.kv_buffers[0][rows].view(torch.uint8))
+    assert torch.equal(call.output["out"], outs[0][0])
+    summary = replay_captures(directory, torch.device("cpu"), threshold=0.01, sink=lambda _: None)
+    assert summary.calls == 1 and summary.worst_rel < 0.01
 
 
 def test_graph_mode_capture_keeps_the_byte_budget(tmp_path: Path) -> None:

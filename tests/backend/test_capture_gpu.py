@@ -22,7 +22,7 @@ from kdtree_backend.engine import VerifyEngine
 from kdtree_backend.replay_captures import find_calls, load_call, replay_captures
 from kdtree_backend.verify import kernel_usable, parity_stats
 
-from .emulation import GraphServer
+from .emulation import GraphServer, rows_read
 from .helpers import PYTHON, REPO, buggy_release, replay_env
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -189,15 +189,8 @@ def test_capture_under_cuda_graph_replay_replays_within_1e_2_and_changes_no_outp
         call = load_call(call_dir)
         layer, step = call.manifest["layer"], call.manifest["step"]
         batch = batches[step]
-        rows = torch.cat(
-            [
-                batch.req_to_token[int(batch.req_pool_indices[b]), : n + Q_LEN].long()
-                for b, n in enumerate(batch.seq_lens.tolist())
-            ]
-        )
-        assert torch.equal(
-            call.inputs["kv_rows"], batch.kv_buffers[layer][rows.to("cuda")].cpu()
-        )  # as the replay read them
+        rows = rows_read(batch)
+        assert torch.equal(call.inputs["kv_rows"], batch.kv_buffers[layer][rows].cpu())  # as the replay read them
         assert torch.equal(call.output["out"], outs[step][layer].cpu())
         assert call.manifest["graph"] is True and call.manifest["padding_requests"] == (1 if step == 1 else 0)
     lines: list[str] = []
