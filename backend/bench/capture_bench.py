@@ -94,19 +94,23 @@ def measure(prefix: int, steps: int) -> dict[str, object]:
         for mode, values in times.items():
             result[f"step_ms_{mode}"] = round(statistics.median(values) * 1e3, 3)
         # The unarmed per-step check alone, and one poll of the (missing) request file.
-        idle = Capturer(directory / "never", release="bench", poll_s=3600.0, log=lambda _: None)
-        idle.armed()
-        n = 200_000
-        start = time.perf_counter()
-        for _ in range(n):
-            idle.armed()
-        result["unarmed_check_ns"] = round((time.perf_counter() - start) / n * 1e9, 1)
+        result["unarmed_check_ns"] = unarmed_check_ns(directory)
         polling = Capturer(directory / "never", release="bench", poll_s=0.0, log=lambda _: None)
         start = time.perf_counter()
         for _ in range(2000):
             polling.armed()
         result["poll_us"] = round((time.perf_counter() - start) / 2000 * 1e6, 2)
     return result
+
+
+def unarmed_check_ns(directory: Path, n: int = 200_000) -> float:
+    """``Capturer.armed()`` not armed and no poll due: the per-step check alone."""
+    idle = Capturer(directory / "never", release="bench", poll_s=3600.0, log=lambda _: None)
+    idle.armed()
+    start = time.perf_counter()
+    for _ in range(n):
+        idle.armed()
+    return round((time.perf_counter() - start) / n * 1e9, 1)
 
 
 def arm_request(directory: Path, steps: int) -> None:
@@ -194,13 +198,7 @@ def measure_graph(prefix: int, steps: int) -> dict[str, object]:
                 result["bytes_per_call_on_disk"] = sum(f.stat().st_size for f in calls[0].iterdir()) if calls else None
                 result["armed_until_written_s"] = round(time.perf_counter() - began, 3)
         capture_module._CONDITIONAL_NODES.pop(str(device), None)
-    idle = Capturer(Path("/nonexistent"), release="bench", poll_s=3600.0, log=lambda _: None)
-    idle.armed()
-    n = 200_000
-    start = time.perf_counter()
-    for _ in range(n):
-        idle.armed()
-    result["unarmed_check_ns"] = round((time.perf_counter() - start) / n * 1e9, 1)
+    result["unarmed_check_ns"] = unarmed_check_ns(Path(tempfile.gettempdir()))
     return result
 
 
