@@ -10,7 +10,6 @@ import contextlib
 import json
 import math
 import re
-import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,9 +24,9 @@ from rich.text import Text
 
 from . import cli_common as common
 from . import deploy as pipeline
-from . import fleet
+from . import fleet, hostinfo
 from . import hoststate as hs
-from .errors import DeployFailed, OpsError, UsageError
+from .errors import DeployFailed, GateFailed, OpsError, SshError, UsageError
 from .gate import classify
 from .inventory import HostConfig
 from .journal import message_text
@@ -202,7 +201,7 @@ def _finish(res: pipeline.DeployResult, as_json: bool) -> None:
     else:
         _verdict_line(res)
     if not res.ok:
-        raise typer.Exit(code=31 if res.verdict in ("FAIL", "NODATA", "INCONCLUSIVE") else 30)
+        raise typer.Exit(code=res.verdict.exit_code)
 
 
 # ------------------------------------------------------------------------------------------------ fleet
@@ -241,7 +240,7 @@ def _run_fleet(
         console.print(fleet.render_report(report, title=f"{what} {target}"))
         console.print(fleet.summary_line(report), style="bold green" if report.ok else "bold red", highlight=False)
     if not report.ok:
-        raise typer.Exit(code=31)
+        raise typer.Exit(code=GateFailed.exit_code)
 
 
 # ------------------------------------------------------------------------------------------------ commands
@@ -323,19 +322,19 @@ def deploy_command(
         skip_prerestart_parity=skip_parity,
     )
     plan_res = pipeline.deploy(h, tree, opts)
-    if plan_res.plan is not None and plan_res.verdict == "PLANNED" and not as_json:
+    if plan_res.plan is not None and plan_res.verdict is pipeline.DeployVerdict.PLANNED and not as_json:
         for line in plan_res.plan.describe():
             console.print(line, highlight=False)
         if not no_restart:
             console.print(_gate_rules(h), highlight=False, style="dim", soft_wrap=True)
-    if plan_res.verdict == "REFUSED" and dry_run:
+    if plan_res.verdict is pipeline.DeployVerdict.REFUSED and dry_run:
         raise DeployFailed(f"deploy would be refused: {plan_res.reason}")
-    if dry_run or plan_res.verdict == "UP-TO-DATE":
+    if dry_run or plan_res.verdict is pipeline.DeployVerdict.UP_TO_DATE:
         _finish(plan_res, as_json)
         return
     # A refusal is raised by the real run below with its own type (LockHeld, DeployFailed): no question first.
     if (
-        plan_res.verdict != "REFUSED"
+        plan_res.verdict is not pipeline.DeployVerdict.REFUSED
         and not yes
         and not typer.confirm(f"Deploy {plan_res.release} to {host}?", default=False)
     ):
@@ -443,25 +442,14 @@ def service_command(
     if action not in ("start", "stop", "status"):
         raise UsageError(f"service action must be start, stop or status, not {action!r}")
     unit = h.unit + ".service"
-    from .ssh import connect
-
-    with connect(h) as r:
-        if action == "status":
-            res = r.run(["systemctl", "status", "--no-pager", "-n", "15", unit], check=False, timeout=60)
-            console.print(res.stdout.rstrip(), highlight=False, markup=False)
-            raise typer.Exit(code=0 if res.rc == 0 else 3)
-        r.run(["systemctl", action, unit], timeout=h.service.start_timeout_s + 60)
-        state = r.run(["systemctl", "is-active", unit], check=False, timeout=60).stdout.strip()
+    done = hostinfo.service(h, action)
+    if action == "status":
+        console.print(done.status_text, highlight=False, markup=False)
+        raise typer.Exit(code=0 if done.status_rc == 0 else 3)
+    state = done.state
     console.print(
         f"{host}: {unit} {action} -> {state}", style="green" if (state == "active") == (action == "start") else "red"
     )
-
-
-def _read(h: HostConfig, fn: Callable[[Any], Any]) -> Any:
-    from .ssh import connect
-
-    with connect(h) as r:
-        return fn(r)
 
 
 def releases_command(
@@ -472,22 +460,8 @@ def releases_command(
     """List the releases on HOST: id, created, commit, current/good/bad, last verdict."""
     h = _host(host, inventory_path, "releases")
     host = h.name
-    layout = hs.Layout(h.root)
-
-    def gather(r: Any) -> tuple[hs.HostSnapshot, list[dict[str, Any]], str]:
-        snap = hs.read_snapshot(r, h.root, h.unit)
-        hist = hs.read_history(r, layout)
-        meta = r.run(
-            f'for d in {shlex.quote(layout.releases)}/*/; do echo "== $(basename "$d")"; '
-            'grep -m1 \'"created_at"\' "$d/manifest.json" 2>/dev/null; grep -m1 \'"commit"\' "$d/manifest.json" 2>/dev/null; '
-            'grep -m1 \'"dirty"\' "$d/manifest.json" 2>/dev/null; done',
-            timeout=60,
-            check=False,
-        ).stdout
-        return snap, hist, meta
-
-    snap, hist, meta = _read(h, gather)
-    info = _parse_release_meta(meta)
+    view = hostinfo.read_releases(h)
+    snap, hist, info = view.snap, view.history, view.meta
     verdicts = hs.release_verdicts(hist)
     rows = []
     for rid in sorted(snap.releases, key=lambda x: snap.releases[x], reverse=True):
@@ -532,20 +506,6 @@ def releases_command(
     console.print(table)
 
 
-def _parse_release_meta(text: str) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    cur: dict[str, Any] | None = None
-    for line in text.splitlines():
-        if line.startswith("== "):
-            cur = out.setdefault(line[3:].strip(), {})
-            continue
-        m = re.match(r'\s*"(created_at|commit|dirty)":\s*(.*?),?\s*$', line)
-        if m and cur is not None:
-            with contextlib.suppress(ValueError):
-                cur[m.group(1)] = json.loads(m.group(2))
-    return out
-
-
 def status_command(
     host: common.TargetArg = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the state as JSON")] = False,
@@ -574,33 +534,14 @@ def status_command(
     if as_json:
         common.emit_json(docs)
     if failed:
-        raise typer.Exit(code=10)
+        raise typer.Exit(code=SshError.exit_code)
 
 
 def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
     """Read one host's state; print it for people unless ``as_json``; return the JSON document."""
     host = h.name
-    layout = hs.Layout(h.root)
-
-    def gather(r: Any) -> tuple[hs.HostSnapshot, list[dict[str, Any]], str, str | None]:
-        snap = hs.read_snapshot(r, h.root, h.unit)
-        hist = hs.read_history(r, layout)
-        lines = ""
-        if snap.unit.invocation_id:
-            lines = r.run(
-                f"journalctl _SYSTEMD_INVOCATION_ID={shlex.quote(snap.unit.invocation_id)} -o cat --no-pager -q | grep -F '[kdtree] L' | tail -n 64",
-                timeout=60,
-                check=False,
-            ).stdout
-        return snap, hist, lines, hs.read_parity_token(r, layout)
-
-    snap, hist, lines, token = _read(h, gather)
-    # As the gate sees them: only lines with the running invocation's token are the service's own.
-    parity = [
-        p
-        for p in (parse_line(x) for x in lines.splitlines())
-        if isinstance(p, ParityLine) and (token is None or p.token == token)
-    ]
+    view = hostinfo.read_status(h)
+    snap, hist, parity = view.snap, view.history, view.parity
     last = next((x for x in reversed(hist) if x.get("verdict")), None)
     doc = {
         "host": host,
@@ -693,38 +634,11 @@ def logs_command(
     h = _host(host, inventory_path, "logs")
     host = h.name
     matcher = _matcher(grep)
-    cmd = [
-        "journalctl",
-        "-u",
-        h.unit + ".service",
-        "-o",
-        "json",
-        "--output-fields=MESSAGE,__REALTIME_TIMESTAMP",
-        "--no-pager",
-        "-q",
-    ]
-    if since:
-        cmd += ["--since", since]
-    else:
-        cmd += ["-n", str(lines)]
-    if follow:
-        cmd.append("-f")
-    remote = shlex.join(cmd)
-    if grep in ("shapes", "parity"):
-        remote += " | grep --line-buffered -F " + shlex.quote("[kdtree]")
-    from .ssh import connect
-
+    remote = hostinfo.journal_command(
+        h.unit, since=since, lines=lines, follow=follow, kdtree_only=grep in ("shapes", "parity")
+    )
     printer = _LogPrinter(h, as_json, stream=follow)
-    with connect(h) as r:
-        if follow:
-            with contextlib.suppress(KeyboardInterrupt):
-                r.run(remote, timeout=10**8, check=False, on_output=lambda line: printer.feed(line, matcher))
-        else:
-            res = r.run(remote, timeout=120, check=False)
-            if res.rc not in (0, 1):  # grep exits 1 on no match
-                raise OpsError(f"{host}: journalctl failed ({res.rc}): {res.stderr.strip()[-300:]}")
-            for line in res.stdout.splitlines():
-                printer.feed(line, matcher)
+    hostinfo.read_journal(h, remote, lambda line: printer.feed(line, matcher), follow=follow)
     printer.flush()
     if not printer.matched and not follow:
         window = f"since {since}" if since else f"in the last {lines} lines"
@@ -861,16 +775,7 @@ def lock_command(
         raise UsageError(f"lock action must be status or release, not {action!r}")
     if action == "release" and not force:
         raise UsageError("breaking a lock needs --force (check `opsctl lock HOST status` first: is its owner gone?)")
-    layout = hs.Layout(h.root)
-
-    def act(r: Any) -> hs.HostSnapshot:
-        snap = hs.read_snapshot(r, h.root, h.unit)
-        if action == "release" and snap.lock_present:
-            hs.release_lock(r, layout, None)
-            hs.append_history(r, layout, {"event": "lock-break", "owner": snap.lock_owner})
-        return snap
-
-    snap = _read(h, act)
+    snap = hostinfo.read_lock(h, break_it=action == "release")
     owner = hs.describe_owner(snap.lock_owner) + lease_text(snap)
     if action == "release":
         msg = f"{host}: broke the lock held by {owner}" if snap.lock_present else f"{host}: lock was already free"

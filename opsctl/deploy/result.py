@@ -1,0 +1,118 @@
+"""What a command ends with: a ``DeployVerdict``, a ``DeployResult`` for the caller, a ``HistoryRecord`` for the
+host's history."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DeployFailed, GateFailed
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+
+class DeployVerdict(StrEnum):
+    """How a deploy, restart, rollback or adopt ended.
+
+    Success (exit 0): PASS (gated), UP-TO-DATE (nothing to do), STAGED (--no-restart), PLANNED (--dry-run),
+    ADOPTED (recorded as release zero), DONE (an ungated rollback).
+    The release failed its parity (exit 31): FAIL, NODATA (no verdict by the deadline), INCONCLUSIVE.
+    Anything else (exit 30): ERROR (could not do or could not look), REFUSED (--dry-run of a refused deploy),
+    INTERRUPTED (a signal; the host was restored first)."""
+
+    PASS = "PASS"
+    UP_TO_DATE = "UP-TO-DATE"
+    STAGED = "STAGED"
+    PLANNED = "PLANNED"
+    ADOPTED = "ADOPTED"
+    DONE = "DONE"
+    FAIL = "FAIL"
+    NODATA = "NODATA"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    ERROR = "ERROR"
+    REFUSED = "REFUSED"
+    INTERRUPTED = "INTERRUPTED"
+
+    @property
+    def ok(self) -> bool:
+        return self in _SUCCESS
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit code for this verdict (the codes are errors.py's)."""
+        if self.ok:
+            return 0
+        return GateFailed.exit_code if self in _PARITY_REJECTED else DeployFailed.exit_code
+
+
+_SUCCESS = frozenset(
+    {
+        DeployVerdict.PASS,
+        DeployVerdict.UP_TO_DATE,
+        DeployVerdict.STAGED,
+        DeployVerdict.PLANNED,
+        DeployVerdict.ADOPTED,
+        DeployVerdict.DONE,
+    }
+)
+_PARITY_REJECTED = frozenset({DeployVerdict.FAIL, DeployVerdict.NODATA, DeployVerdict.INCONCLUSIVE})
+
+
+@dataclass
+class DeployResult:
+    host: str
+    action: str
+    release: str | None  # the release that was deployed / restarted / rolled back to
+    verdict: DeployVerdict = DeployVerdict.ERROR
+    reason: str = ""
+    current_after: str | None = None
+    rolled_back_to: str | None = None
+    rollback_verdict: str | None = None
+    gate: dict[str, Any] | None = None
+    step_times: dict[str, float] = field(default_factory=dict)
+    bytes_sent: int | None = None
+    elapsed_s: float = 0.0
+    plan: Plan | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok
+
+    def line(self) -> str:
+        """The one-line verdict."""
+        s = f"{self.host}: {self.action} {self.release or '-'} -> {self.verdict}"
+        if self.reason:
+            s += f" ({self.reason})"
+        if self.rolled_back_to:
+            s += f"; rolled back to {self.rolled_back_to}: {self.rollback_verdict}"
+        return s + f" [{self.elapsed_s:.1f}s]"
+
+
+@dataclass(frozen=True)
+class HistoryRecord:
+    """One line of ``state/history.jsonl`` (docs/release-layout.md). Fields left None are not written."""
+
+    event: str  # deploy-start, deploy, restart, rollback, adopt
+    release: str
+    verdict: str | None = None
+    reason: str | None = None
+    previous: str | None = None  # what was current before
+    current: str | None = None  # where `current` points once the event is over
+    rolled_back_from: str | None = None  # a rollback: the release it left
+    gate: dict[str, Any] | None = None
+    stage: str | None = None  # where a deploy stopped, when not at the gate
+    by: str | None = None
+    commit: str | None = None
+    dirty: bool | None = None
+    automatic: bool | None = None  # a rollback opsctl did by itself after a failed gate
+    forced: bool | None = None
+    unit: str | None = None  # adopt: the hand-made unit's path
+    files: int | None = None  # adopt: how many files were recorded
+
+    def as_json(self) -> dict[str, Any]:
+        doc = {k: v for k, v in asdict(self).items() if v is not None}
+        if "rolled_back_from" in doc:
+            doc["from"] = doc.pop("rolled_back_from")
+        return doc
