@@ -31,6 +31,7 @@ from .gate import classify
 from .inventory import HostConfig
 from .journal import message_text
 from .parity import OtherKdtreeLine, ParityLine, ShapesLine, parse_line
+from .release import default_tree
 
 console = common.out
 VERDICT_STYLE = {
@@ -45,12 +46,6 @@ VERDICT_STYLE = {
 def _host(name: str | None, inventory_path: Path | None, command: str) -> HostConfig:
     """The host a single-host command acts on: the one named, else the inventory's default (announced)."""
     return common.pick_host(common.inventory(inventory_path), name, command)
-
-
-def _repo_root() -> Path:
-    """The working tree to deploy: the one holding this opsctl (an editable install), else the current dir."""
-    here = Path(__file__).resolve().parent.parent
-    return here if (here / "kernel").is_dir() and (here / "backend").is_dir() else Path.cwd()
 
 
 # ------------------------------------------------------------------------------------------------ progress
@@ -296,7 +291,7 @@ def deploy_command(
 ) -> None:
     """Deploy the working tree to HOST (or a GROUP, canary first then batches): upload, build, parity, switch,
     restart, gate; each host rolls itself back on failure. The plan is printed when there is work to do."""
-    tree = (src or _repo_root()).resolve()
+    tree = (src or default_tree()).resolve()
     inv = common.inventory(inventory_path)
     host = common.pick_target(inv, host, "deploy")
     if host not in inv.hosts:

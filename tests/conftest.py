@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-Testbed tests (booted Debian hosts, see opsctl/testbed.py):
+Testbed tests (booted Debian hosts, see opsctl/testbed/ and docs/testbed.md):
 
     def test_something(testbed: Inventory) -> None:      # session-scoped: hosts are booted once (if not up)
         host = testbed.host("tb1")

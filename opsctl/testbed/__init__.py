@@ -26,7 +26,6 @@ from .clientfiles import inventory_text
 from .layout import DEFAULT_HOSTS, DEFAULT_STATE_DIR, DISK_MB, STATE_ENV, HostState, host_index, host_names
 from .lifecycle import HostStatus, Testbed, UpReport
 from .localrun import PROGRESS_EVERY_S, Log, last_log_line
-from .localrun import run as _run  # tests/core/test_first_hour.py imports it by this name
 from .nspawn import BOOT_TIMEOUT_S, STOP_TIMEOUT_S
 from .ports import DEFAULT_PORT_BASE, PORT_BASE_ENV, free_port_base
 from .prereqs import REQUIRED_TOOLS, missing_tools, prerequisite_problem
@@ -69,7 +68,6 @@ __all__ = [
     "Log",
     "Testbed",
     "UpReport",
-    "_run",
     "boot",
     "default",
     "fill_disk",

@@ -28,7 +28,8 @@ from opsctl.cli_deploy import RichReporter
 from opsctl.errors import InventoryError, OpsError
 from opsctl.inventory import parse
 from opsctl.parity import ParityLine, parse_line
-from opsctl.testbed import DEFAULT_CACHE_DIR, Testbed, _run, last_log_line
+from opsctl.testbed import DEFAULT_CACHE_DIR, Testbed, last_log_line
+from opsctl.testbed.localrun import run as run_local
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -456,7 +457,7 @@ def test_one_rootfs_cache_per_machine(monkeypatch: pytest.MonkeyPatch, tmp_path:
 def test_long_steps_report_elapsed_time_and_the_last_log_line(tmp_path: Path) -> None:
     log = tmp_path / "build.log"
     seen: list[str] = []
-    _run(
+    run_local(
         ["bash", "-c", "for i in 1 2 3 4 5 6; do echo I: step $i; sleep 0.25; done"],
         log_file=log,
         what="debootstrap",
