@@ -40,39 +40,48 @@ class Plan:
         return [head, *(f"  {i}. {s}" for i, s in enumerate(self.steps, 1)), *(f"  note: {n}" for n in self.notes)]
 
 
-def make_plan(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: DeployOptions) -> Plan:
-    """What a deploy would do on this host, or why it refuses. No I/O."""
-    notes: list[str] = []
-    layout = Layout(host.root)
-    refusal = None
+def refusal(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: DeployOptions) -> str | None:
+    """Why a deploy of ``manifest`` must not start on this host, in the order an operator would fix it; None when
+    it may. Pure."""
     if not snap.is_managed and not snap.is_virgin:
         found = []
         if snap.unit.exists:
             found.append(f"unit {host.unit} ({snap.unit.fragment_path or snap.unit.load_state})")
         if snap.root_exists:
             found.append(f"directory {host.root}")
-        refusal = (
+        return (
             f"{host.name} has an install opsctl does not manage ({', '.join(found)}). Record it first with "
             f"`opsctl adopt {host.name}` (it becomes release zero, the rollback target)."
         )
-    elif snap.lock_present and not snap.lock_stale:
-        refusal = f"{host.name}: the deploy lock is held by {hs.describe_owner(snap.lock_owner)}"
-    elif snap.free_mb is not None and snap.free_mb < host.min_free_disk_mb:
-        refusal = f"{host.name}: only {snap.free_mb} MB free under {host.root} (need {host.min_free_disk_mb} MB)"
-    elif host.gpu_arch is not None and host.gpu_arch not in snap.gpu_compute_caps:
+    if snap.lock_present and not snap.lock_stale:
+        return f"{host.name}: the deploy lock is held by {hs.describe_owner(snap.lock_owner)}"
+    if snap.free_mb is not None and snap.free_mb < host.min_free_disk_mb:
+        return f"{host.name}: only {snap.free_mb} MB free under {host.root} (need {host.min_free_disk_mb} MB)"
+    if host.gpu_arch is not None and host.gpu_arch not in snap.gpu_compute_caps:
         seen = ", ".join(snap.gpu_compute_caps) or "no GPU visible to nvidia-smi"
-        refusal = f"{host.name}: inventory says gpu_arch {host.gpu_arch} but the host reports {seen}"
-    elif manifest.id in snap.bad and not opts.force:
+        return f"{host.name}: inventory says gpu_arch {host.gpu_arch} but the host reports {seen}"
+    if manifest.id in snap.bad and not opts.force:
         why = snap.bad_reasons.get(manifest.id) or "a failed gate"
-        refusal = f"{host.name}: release {manifest.id} is marked bad there ({why}); use --force to deploy it anyway"
-    up_to_date = refusal is None and manifest.id == snap.current and not opts.force
+        return f"{host.name}: release {manifest.id} is marked bad there ({why}); use --force to deploy it anyway"
+    return None
+
+
+def _notes(host: HostConfig, manifest: Manifest, snap: HostSnapshot) -> list[str]:
+    notes = []
     if snap.unit.drop_in_paths:
         notes.append(f"drop-ins override parts of the unit: {snap.unit.drop_in_paths}")
     if snap.is_virgin:
         notes.append(f"virgin host (no unit, no {host.root}): first deploy creates both")
     if manifest.dirty:
         notes.append("the working tree has uncommitted changes (recorded in the manifest)")
-    link_dest = layout.release(snap.current) if snap.current and snap.current in snap.releases else None
+    return notes
+
+
+def _steps(
+    host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: DeployOptions, link_dest: str | None
+) -> list[str]:
+    """The deploy's steps as the plan prints them (the step list of ship.py, in words)."""
+    layout = Layout(host.root)
     steps = [
         "preflight: ssh, GPU compute capability, disk, unit, lock",
         f"lock {layout.lock}",
@@ -94,14 +103,21 @@ def make_plan(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: De
             f"gate: {host.gate.consecutive_passes} consecutive parity passes within {deadline:g}s, else roll back to {snap.current or 'nothing'}",
         ]
     steps.append(f"unlock, record, keep {host.keep_releases} releases")
+    return steps
+
+
+def make_plan(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: DeployOptions) -> Plan:
+    """What a deploy would do on this host, or why it refuses. No I/O."""
+    refused = refusal(host, manifest, snap, opts)
+    link_dest = Layout(host.root).release(snap.current) if snap.current and snap.current in snap.releases else None
     return Plan(
         host=host.name,
         release=manifest.id,
         previous=snap.current,
-        steps=tuple(steps),
-        notes=tuple(notes),
-        refusal=refusal,
-        up_to_date=up_to_date,
+        steps=tuple(_steps(host, manifest, snap, opts, link_dest)),
+        notes=tuple(_notes(host, manifest, snap)),
+        refusal=refused,
+        up_to_date=refused is None and manifest.id == snap.current and not opts.force,
         link_dest=link_dest,
     )
 
