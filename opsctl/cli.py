@@ -13,7 +13,7 @@ from rich.table import Table
 
 from . import __version__
 from . import cli_common as common
-from .errors import OpsError
+from .errors import EXIT_INTERRUPTED, OpsError
 from .ping import HostFacts, ping_many
 from .testbed import DEFAULT_HOSTS, Testbed
 
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         common.err.print("[red]interrupted[/]")
-        return 130
+        return EXIT_INTERRUPTED
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except Exception as e:  # a bug or an unforeseen library error: one line, the traceback only with --debug

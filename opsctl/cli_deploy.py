@@ -26,7 +26,16 @@ from . import cli_common as common
 from . import deploy as pipeline
 from . import fleet, hostinfo
 from . import hoststate as hs
-from .errors import DeployFailed, GateFailed, OpsError, SshError, UsageError
+from .errors import (
+    EXIT_LOCK_HELD,
+    EXIT_NOT_CONFIRMED,
+    EXIT_UNIT_INACTIVE,
+    DeployFailed,
+    GateFailed,
+    OpsError,
+    SshError,
+    UsageError,
+)
 from .gate import classify
 from .inventory import HostConfig
 from .journal import message_text
@@ -222,7 +231,7 @@ def _run_fleet(
             )
         return
     if not yes and not typer.confirm(f"{what} {plan.total} host(s) of {target}?", default=False):
-        raise typer.Exit(code=1)
+        raise typer.Exit(code=EXIT_NOT_CONFIRMED)
 
     def emit(msg: str) -> None:
         if not as_json:
@@ -333,7 +342,7 @@ def deploy_command(
         and not yes
         and not typer.confirm(f"Deploy {plan_res.release} to {host}?", default=False)
     ):
-        raise typer.Exit(code=1)
+        raise typer.Exit(code=EXIT_NOT_CONFIRMED)
     real = pipeline.DeployOptions(
         gate_timeout_s=gate_timeout, force=force, no_restart=no_restart, skip_prerestart_parity=skip_parity
     )
@@ -440,7 +449,7 @@ def service_command(
     done = hostinfo.service(h, action)
     if action == "status":
         console.print(done.status_text, highlight=False, markup=False)
-        raise typer.Exit(code=0 if done.status_rc == 0 else 3)
+        raise typer.Exit(code=0 if done.status_rc == 0 else EXIT_UNIT_INACTIVE)
     state = done.state
     console.print(
         f"{host}: {unit} {action} -> {state}", style="green" if (state == "active") == (action == "start") else "red"
@@ -777,7 +786,7 @@ def lock_command(
         console.print(msg, style="yellow" if snap.lock_present else "green", highlight=False)
     elif snap.lock_present:
         console.print(f"{host}: locked by {owner}", style="yellow", highlight=False)
-        raise typer.Exit(code=1)
+        raise typer.Exit(code=EXIT_LOCK_HELD)
     else:
         console.print(f"{host}: lock free", style="green")
 

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from . import cli_common as common
-from .errors import UsageError
+from .errors import GateFailed, UsageError
 from .gate import LineVerdict
 from .inventory import GateSettings
 from .parity_check import ParityCheck, check_journal
@@ -105,7 +105,7 @@ def check(
     else:
         _print(result)
     if not result.state.verdict.ok:
-        raise typer.Exit(code=31)
+        raise typer.Exit(code=GateFailed.exit_code)
 
 
 @parity_app.command("replay")

@@ -82,3 +82,10 @@ class GateFailed(OpsError):
 
 class TestbedError(OpsError):
     exit_code = 40
+
+
+# Exit codes of outcomes that are answers rather than errors (docs/exit-codes.md); errors carry their own above.
+EXIT_NOT_CONFIRMED = 1  # a prompt answered no: nothing was done
+EXIT_LOCK_HELD = 1  # `opsctl lock HOST` found the lock held (a status, like `test`)
+EXIT_UNIT_INACTIVE = 3  # `opsctl service HOST status` on a unit that is not active (as `systemctl status`)
+EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP, after the host was restored
