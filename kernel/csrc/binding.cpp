@@ -71,16 +71,18 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
     lse_ptr = lse->data_ptr<float>();
   }
   const int64_t rows = q_len * heads;
-  float* part_o = nullptr;
+  void* part_o = nullptr;
   float* part_lse = nullptr;
   if (splits > 1) {
     TORCH_CHECK(workspace.has_value(), "splits > 1 needs a workspace (kdtree_kernel.workspace_size)");
     check_cuda(*workspace, "workspace");
-    const int64_t need = bs * splits * rows * (kdtree::kValueDim + 1) * 4;
+    const int64_t need = bs * splits * rows * kdtree::kPartialRowBytes;
     TORCH_CHECK(workspace->is_contiguous() && workspace->numel() * workspace->element_size() >= need,
                 "workspace too small: need ", need, " bytes");
-    part_o = static_cast<float*>(workspace->data_ptr());
-    part_lse = part_o + bs * splits * rows * kdtree::kValueDim;
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(workspace->data_ptr()) % 16 == 0, "workspace must be 16-byte aligned");
+    // bf16 partial rows, then the fp32 LSEs (4-byte aligned: 1024 bytes a row before them).
+    part_o = workspace->data_ptr();
+    part_lse = reinterpret_cast<float*>(static_cast<char*>(part_o) + bs * splits * rows * kdtree::kValueDim * 2);
   }
 
   kdtree::VerifyParams p{};

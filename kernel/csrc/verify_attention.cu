@@ -27,6 +27,41 @@ bool fp8_qmma() {
   return major != 9;
 }
 
+// Programmatic dependent launch (sm_90 and later; griddep_* in mma_primitives.cuh), opt-in: KDTREE_PDL=main
+// launches the main kernel as a programmatic dependent of whatever the stream ran before it (its blocks are
+// placed as that kernel's last blocks leave, and wait for it before reading anything), =combine the combine
+// kernel as one of the main kernel (which signals once its blocks leave the KV loop), =all both. Off by default:
+// on the H200 the combine's form cost 1-1.5 us at bs 1 x 8k-32k and the main kernel's gained nothing measurable
+// (docs/kernel-notes.md). Host only, no stream work (safe under graph capture).
+enum class PdlUse { kNone, kMain, kCombine, kAll };
+
+PdlUse pdl_use() {
+  const char* env = std::getenv("KDTREE_PDL");
+  if (env == nullptr) return PdlUse::kNone;
+  if (std::strcmp(env, "main") == 0) return PdlUse::kMain;
+  if (std::strcmp(env, "combine") == 0) return PdlUse::kCombine;
+  if (std::strcmp(env, "all") == 0) return PdlUse::kAll;
+  return PdlUse::kNone;
+}
+
+// Launches `kernel` with `grid` x `block` on `stream`, as a programmatic dependent of the stream's previous
+// kernel when `dependent`.
+template <typename Kernel>
+cudaError_t launch_kernel(Kernel kernel, dim3 grid, dim3 block, int smem, cudaStream_t stream, bool dependent,
+                          const VerifyParams& p) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = dependent ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
 VerifyKernelFn kernel_for(int row_groups, bool int64_indices, bool split_schedulers, bool fp8) {
   const bool qmma = fp8 && row_groups == 1 && fp8_qmma();
   return int64_indices ? verify_kernel_i64(row_groups, split_schedulers, fp8, qmma)
@@ -46,87 +81,128 @@ int threads_for(int row_groups, bool split_schedulers, bool fp8) {
 
 }  // namespace
 
-// Combine kernel shape: one block per (row, request) of 1, 2 or 4 groups of 128 threads (one float4 of the 512
-// output columns each); group j takes every groups-th batch of up to kCombineBatch chunks, with the batch's loads
-// in flight together. A loop with one chunk in flight at a time cost ~0.28 us per chunk on the H200 (L2 round
-// trips), which made the combine the larger part of a bs = 1 call; idle groups, on the other hand, cost up to 13%
-// on large batches with 2-4 chunks (kernel/bench/splits-h200.md), hence one group per 8 chunks, up to 4.
-constexpr int kCombineCols = kValueDim / 4;
+// Combine kernel shape: one block per (row, request) of 1, 2, 4 or 8 groups of 64 threads (8 of the 512 bf16
+// output columns each, one 16-byte load per chunk); group j takes every groups-th batch of up to kCombineBatch
+// chunks, with the batch's loads in flight together (one chunk in flight at a time made the combine the larger
+// part of a bs = 1 call). Idle groups cost large batches with 2-4 chunks, hence one group per 8 chunks, up to 8
+// (docs/kernel-notes.md).
+constexpr int kCombineColsPerThread = 8;
+constexpr int kCombineThreads = kValueDim / kCombineColsPerThread;  // threads of one group (64)
 constexpr int kCombineBatch = 8;  // the widest batch
+constexpr int kCombineMaxGroups = 8;
+
+// A running LSE-weighted sum of chunk partials: weights 2^(lse_s - max), rescaled whenever the maximum grows.
+struct CombineState {
+  float max_lse = -INFINITY;  // log2 domain; -INFINITY while no chunk with a visible key has been added
+  float total = 0.f;
+  float acc[kCombineColsPerThread] = {};
+
+  // Moves the reference maximum to max(max_lse, other_max), scaling this state's sums; returns the factor for
+  // sums taken against other_max.
+  __device__ __forceinline__ float raise_max(float other_max) {
+    const float new_max = fmaxf(max_lse, other_max);
+    const float base = new_max == -INFINITY ? 0.f : new_max;  // nothing visible yet: all weights stay 0
+    const float own = exp2f(max_lse - base);
+    total *= own;
+#pragma unroll
+    for (int k = 0; k < kCombineColsPerThread; ++k) acc[k] *= own;
+    max_lse = new_max;
+    return exp2f(other_max - base);
+  }
+
+  // Adds `weight` times one 16-byte piece of a partial row (8 bf16 values).
+  __device__ __forceinline__ void add(float weight, const uint4& bf16x8) {
+    const uint32_t words[4] = {bf16x8.x, bf16x8.y, bf16x8.z, bf16x8.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[k]));
+      acc[2 * k] += weight * v.x;
+      acc[2 * k + 1] += weight * v.y;
+    }
+  }
+};
 
 // Merges the chunk partials of one (request, row): out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+// One pass: each batch's LSEs and partial rows load together, and the running maximum rescales the sums (the
+// previous form read every LSE first, one more dependent L2 round trip). Under KDTREE_PDL=combine|all it
+// launches as a programmatic dependent of the main kernel: everything up to griddep_wait (the request's sizes)
+// then overlaps the main kernel's last blocks.
 template <int kGroups, int kBatch>
-__global__ void __launch_bounds__(kCombineCols * kGroups) verify_combine_kernel(const VerifyParams p) {
-  constexpr int kThreads = kCombineCols * kGroups;
-  __shared__ float warp_max[kThreads / 32];
-  __shared__ float4 group_acc[kGroups > 1 ? kGroups - 1 : 1][kCombineCols];
+__global__ void __launch_bounds__(kCombineThreads * kGroups) verify_combine_kernel(const VerifyParams p) {
+  __shared__ float group_acc[kGroups > 1 ? kGroups - 1 : 1][kCombineColsPerThread][kCombineThreads];
   __shared__ float group_total[kGroups > 1 ? kGroups - 1 : 1];
+  __shared__ float group_max[kGroups > 1 ? kGroups - 1 : 1];
   const int r = blockIdx.x;
   const int b = blockIdx.y;
-  const int col = threadIdx.x % kCombineCols;
-  const int group = threadIdx.x / kCombineCols;
+  const int col = threadIdx.x % kCombineThreads;
+  const int group = threadIdx.x / kCombineThreads;
   const int rows = p.q_len * p.heads;
   const int kv_len = request_keys(p, b);  // 0 (no live chunk: zeros, LSE -inf) for a malformed request
   const int chunk = chunk_for(p, kv_len);
   const int live_splits = min(p.splits, (kv_len + chunk - 1) / chunk);
   const int64_t slot0 = static_cast<int64_t>(b) * p.splits * rows + r;
+  const int64_t out_row = static_cast<int64_t>(p.qo_indptr[b]) * p.heads + r;
+  const uint4* part_o = static_cast<const uint4*>(p.part_o);  // 64 x 16 bytes per partial row
+  griddep_wait();  // the main kernel's partials are complete and visible from here on
 
-  float mx = -INFINITY;
-  for (int s = threadIdx.x; s < live_splits; s += kThreads) {
-    mx = fmaxf(mx, p.part_lse[slot0 + static_cast<int64_t>(s) * rows]);
-  }
-#pragma unroll
-  for (int d = 16; d > 0; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = mx;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) mx = fmaxf(mx, warp_max[w]);
-  const float base = mx == -INFINITY ? 0.f : mx;
-
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float total = 0.f;
+  CombineState st;
   for (int s0 = group * kBatch; s0 < live_splits; s0 += kGroups * kBatch) {
     float lse[kBatch];
-    float4 o[kBatch];
+    uint4 o[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int64_t slot = slot0 + static_cast<int64_t>(s0 + j) * rows;
       const bool live = s0 + j < live_splits;
       lse[j] = live ? p.part_lse[slot] : -INFINITY;
-      o[j] = live ? reinterpret_cast<const float4*>(p.part_o + slot * kValueDim)[col] : make_float4(0.f, 0.f, 0.f, 0.f);
+      o[j] = live ? part_o[slot * kCombineThreads + col] : make_uint4(0u, 0u, 0u, 0u);
     }
+    float batch_max = lse[0];
+#pragma unroll
+    for (int j = 1; j < kBatch; ++j) batch_max = fmaxf(batch_max, lse[j]);
+    st.raise_max(batch_max);
+    const float base = st.max_lse == -INFINITY ? 0.f : st.max_lse;
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const float w = exp2f(lse[j] - base);
-      total += w;
-      acc.x += w * o[j].x;
-      acc.y += w * o[j].y;
-      acc.z += w * o[j].z;
-      acc.w += w * o[j].w;
+      st.total += w;
+      st.add(w, o[j]);
     }
   }
   if (group > 0) {
-    group_acc[group - 1][col] = acc;
-    if (col == 0) group_total[group - 1] = total;
+#pragma unroll
+    for (int k = 0; k < kCombineColsPerThread; ++k) group_acc[group - 1][k][col] = st.acc[k];
+    if (col == 0) {
+      group_total[group - 1] = st.total;
+      group_max[group - 1] = st.max_lse;
+    }
   }
   __syncthreads();
   if (group > 0) return;
 #pragma unroll
   for (int g = 0; g < kGroups - 1; ++g) {
-    const float4 o = group_acc[g][col];
-    acc.x += o.x;
-    acc.y += o.y;
-    acc.z += o.z;
-    acc.w += o.w;
-    total += group_total[g];
+    const float w = st.raise_max(group_max[g]);
+#pragma unroll
+    for (int k = 0; k < kCombineColsPerThread; ++k) st.acc[k] += w * group_acc[g][k][col];
+    st.total += w * group_total[g];
   }
-  const float inv = total > 0.f ? 1.f / total : 0.f;
-  const int64_t out_row = static_cast<int64_t>(p.qo_indptr[b]) * p.heads + r;
-  uint2 packed;
-  packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
-  packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
-  reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + out_row * kValueDim)[col] = packed;
-  if (p.lse != nullptr && col == 0) p.lse[out_row] = total > 0.f ? (base + __log2f(total)) * kLn2 : -INFINITY;
+  const float inv = st.total > 0.f ? 1.f / st.total : 0.f;
+  uint4 packed;
+  packed.x = pack_bf16x2(st.acc[0] * inv, st.acc[1] * inv);
+  packed.y = pack_bf16x2(st.acc[2] * inv, st.acc[3] * inv);
+  packed.z = pack_bf16x2(st.acc[4] * inv, st.acc[5] * inv);
+  packed.w = pack_bf16x2(st.acc[6] * inv, st.acc[7] * inv);
+  reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + out_row * kValueDim)[col] = packed;
+  if (p.lse != nullptr && col == 0) {
+    p.lse[out_row] = st.total > 0.f ? (st.max_lse + __log2f(st.total)) * kLn2 : -INFINITY;
+  }
+}
+
+// Launches one combine kernel form (a programmatic dependent of the main kernel under KDTREE_PDL=combine|all).
+template <int kGroups, int kBatch>
+cudaError_t launch_combine(const VerifyParams& p, cudaStream_t stream) {
+  return launch_kernel(verify_combine_kernel<kGroups, kBatch>, dim3(p.q_len * p.heads, p.bs),
+                       dim3(kCombineThreads * kGroups), 0, stream,
+                       pdl_use() == PdlUse::kCombine || pdl_use() == PdlUse::kAll, p);
 }
 
 int verify_smem_bytes(int row_groups, bool fp8) {
@@ -165,25 +241,25 @@ cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream) 
   const int smem = verify_smem_bytes(p.row_groups, p.kv_fp8 != 0);
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(p.row_blocks, p.splits, p.bs);
-  fn<<<grid, threads_for(p.row_groups, split, p.kv_fp8 != 0), smem, stream>>>(p);
-  err = cudaGetLastError();
+  err = launch_kernel(fn, dim3(p.row_blocks, p.splits, p.bs), dim3(threads_for(p.row_groups, split, p.kv_fp8 != 0)),
+                      smem, stream, pdl_use() == PdlUse::kMain || pdl_use() == PdlUse::kAll, p);
   if (err != cudaSuccess || p.splits == 1) return err;
-  const dim3 combine_grid(p.q_len * p.heads, p.bs);
   // Few chunks (large batches): one group, a batch no wider than the chunks (registers, hence occupancy, of a
-  // memory-bound pass). Many (small batches): up to 4 groups of 8-chunk batches.
+  // memory-bound pass). Many (small batches): a group per 8 chunks, up to 8 groups.
   if (p.splits <= 2) {
-    verify_combine_kernel<1, 2><<<combine_grid, kCombineCols, 0, stream>>>(p);
+    err = launch_combine<1, 2>(p, stream);
   } else if (p.splits <= 4) {
-    verify_combine_kernel<1, 4><<<combine_grid, kCombineCols, 0, stream>>>(p);
+    err = launch_combine<1, 4>(p, stream);
   } else if (p.splits <= kCombineBatch) {
-    verify_combine_kernel<1, kCombineBatch><<<combine_grid, kCombineCols, 0, stream>>>(p);
+    err = launch_combine<1, kCombineBatch>(p, stream);
   } else if (p.splits <= 2 * kCombineBatch) {
-    verify_combine_kernel<2, kCombineBatch><<<combine_grid, 2 * kCombineCols, 0, stream>>>(p);
+    err = launch_combine<2, kCombineBatch>(p, stream);
+  } else if (p.splits <= 4 * kCombineBatch) {
+    err = launch_combine<4, kCombineBatch>(p, stream);
   } else {
-    verify_combine_kernel<4, kCombineBatch><<<combine_grid, 4 * kCombineCols, 0, stream>>>(p);
+    err = launch_combine<kCombineMaxGroups, kCombineBatch>(p, stream);
   }
-  return cudaGetLastError();
+  return err;
 }
 
 }  // namespace kdtree

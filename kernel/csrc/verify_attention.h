@@ -16,8 +16,8 @@ constexpr int kValueDim = 512;
 constexpr int kChunkAlign = 32;
 constexpr int kMaxQLen = 128;
 constexpr int kMaxRowGroups = 3;  // a block serves up to 3 x 16 (token, head) rows of one request
-// Shared-memory KV stages (16-key tiles): fits sm_120's 99 KB per block. sm_90 runs the same: 8 stages, and
-// 32-key tiles, both measured within 2% of this on the H200 (kernel/bench/results-h200.md).
+// Shared-memory KV stages (16-key tiles): fits sm_120's 99 KB per block. sm_90 runs the same (more stages or
+// 32-key tiles did not pay there; docs/kernel-notes.md).
 constexpr int kStages = 4;
 // The fp8 path rounds Q * 2^-kFp8QShift to fp16 (range; verify_attention_kernel.cuh); the softmax scale undoes it.
 constexpr int kFp8QShift = 8;
@@ -38,8 +38,8 @@ struct VerifyParams {
   int mask_words;
   void* out;                  // bf16 [T, H, 512], contiguous
   float* lse;                 // float [T, H] (natural log) or nullptr
-  float* part_o;              // workspace, used when splits > 1: float [bs, splits, rows, 512]
-  float* part_lse;            // workspace, used when splits > 1: float [bs, splits, rows] (log2 domain)
+  void* part_o;               // workspace, used when splits > 1: bf16 [bs, splits, rows, 512], normalised per chunk
+  float* part_lse;            // workspace, after part_o: float [bs, splits, rows] (log2 domain)
   int bs;
   int heads;
   int q_len;
@@ -51,6 +51,11 @@ struct VerifyParams {
   float scale_log2;           // sm_scale * k_scale * log2(e) (the fp8 path also folds its Q prescale in)
   float out_scale;            // v_scale: the pool's values are stored divided by it (1 for a plain bf16 pool)
 };
+
+// Bytes of one chunk partial of one row in the workspace: its 512 normalised output values in bf16 (a chunk's
+// rounding is at most the output's own; half the bytes of fp32 for the main kernel to write and the combine to
+// read back, the larger part of a bs = 1 call's fixed cost) and its LSE.
+constexpr int kPartialRowBytes = kValueDim * 2 + 4;
 
 // Keys of request b, or 0 when its kv_indptr entries are malformed: fewer keys than q_len (the drafts must be
 // among them), a negative start, or an end past kv_indices. The kernels read nothing of such a request and

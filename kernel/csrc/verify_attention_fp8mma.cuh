@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(fp8mma::kThreads, 2) verify_attention_kernel_f
   const int c = lane % 4;
   const int rows = p.q_len * p.heads;
   const int block_row0 = row_block * kRows;
+  griddep_wait();  // launched as a programmatic dependent: the previous kernel's writes are visible from here
   const int q_tok0 = p.qo_indptr[b];
   const int64_t out_row0 = static_cast<int64_t>(q_tok0) * p.heads;
 
@@ -424,6 +425,7 @@ __global__ void __launch_bounds__(fp8mma::kThreads, 2) verify_attention_kernel_f
       }
     }
   }
+  griddep_launch_dependents();  // the combine kernel may start its launch; it waits for this grid's writes
   cp_async_wait<0>();
 
   // Row sums: quad, then the 4 warps (all used the same maxima).
@@ -459,11 +461,13 @@ __global__ void __launch_bounds__(fp8mma::kThreads, 2) verify_attention_kernel_f
       if (p.lse != nullptr && warp == 0 && c == 0) p.lse[out_row0 + r] = lse2 * 0.6931471805599453f;
     } else {
       const int64_t slot = (static_cast<int64_t>(b) * p.splits + split) * rows + r;
-      float* out = p.part_o + slot * kValueDim + col0;
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.part_o) + slot * kValueDim + col0;
 #pragma unroll
       for (int q = 0; q < kColGroups; ++q) {
-        *reinterpret_cast<float4*>(out + 16 * q) = make_float4(acc[q][0][2 * i] * inv, acc[q][1][2 * i] * inv,
-                                                               acc[q][0][2 * i + 1] * inv, acc[q][1][2 * i + 1] * inv);
+        uint2 v;
+        v.x = pack_bf16x2(acc[q][0][2 * i] * inv, acc[q][1][2 * i] * inv);
+        v.y = pack_bf16x2(acc[q][0][2 * i + 1] * inv, acc[q][1][2 * i + 1] * inv);
+        *reinterpret_cast<uint2*>(out + 16 * q) = v;
       }
       if (warp == 0 && c == 0) p.part_lse[slot] = lse2;
     }

@@ -1,4 +1,5 @@
 // DDTree verify attention for absorbed MLA (D = 576 keys, 512 values), plain CUDA, no torch.
+// The experiments behind these choices, with their numbers: docs/kernel-notes.md.
 //
 // Work split. One block = one request x up to 16*RG (token, head) rows x one KV chunk. Every row of the block
 // (all heads and draft tokens it holds) shares each key tile it stages in shared memory, so a request's KV is
@@ -10,48 +11,24 @@
 //   shared-memory operand of S = Q K^T), computes the partial scores over its half, and the pair swaps them
 //   through shared memory and adds them, so both hold the same S and find the same row maxima. Each then
 //   exponentiates its own 8 keys of the tile (half of P, bf16, and of the row sums, which the pair adds after
-//   the loop: 3% faster than both exponentiating all 16); one writes the rows' rescale factors.
+//   the loop); one writes the rows' rescale factors.
 // - 8 value warps. Each owns 64 of the 512 output columns for all 16*RG rows; one V fragment it loads serves
-//   RG row tiles, and P arrives through ldmatrix.
+//   RG row tiles, and P arrives through ldmatrix. The value warps also issue the gathers.
 // The two roles run one tile apart: in step `it` the score warps work on tile it while the value warps
 // finish tile it - 1; P and the rescale factors are double-buffered.
 // The 48-row block places the roles in one of two layouts (score_slot): mixed on every scheduler, or split
 // (score warps alone on schedulers 2 and 3), which the planner picks for chunks of 1024 keys or more.
 //
-// Measured (H200, kernel/bench/probe_memory.py, results-h200.md, ab-h200.md, ncu source counters): neither
-// DRAM nor the shared-memory pipe is the limit; the warps' dependent chains are. At bs 64 x 8192 (split layout)
-// the tensor pipe is ~36% busy and issue slots 31%, with 0.5 eligible warps per scheduler; per 16-key step a
-// score warp issues 167 instructions and waits 27% of its time at the block barrier, a value warp 126 and 17%;
-// both wait mostly on fixed-latency dependencies (26-30%) and shared-memory results (15-24%).
-// In the mixed layout the score warps (S mma chains waiting on ldmatrix, then the exchange and the softmax) were the
-// critical path: work moved off the value warps (rescale flags) did not help, work added to the score warps (a flag
-// vote) cost 3%. Issuing the score mma first (value warps held on a barrier), replacing the block barrier by an
-// mbarrier hand-over, and software-pipelining the score warps by a tile (which leaves the gathers one step of latency
-// cover instead of two) were all slower, by 1.5%, 40% and 16% (ab-h200.md); the previous design (4 warps per 16 rows
-// splitting the dims, 32-key tiles) was 5-15% slower on every case, and score warps that each cover all 48 rows over a
-// sixth of the dims (K read once a tile, partial scores handed over through shared memory, one barrier for all six)
-// 17-23% (Y: the six move in lock-step, so no pair's softmax overlaps another's mma). Two gather variants were slower
-// too: key rows prefetched into L2 two tiles ahead of their gathers (+13%: the extra requests cost more than the
-// latency they hid), and one bulk copy (cp.async.bulk + mbarrier, padded rows) per key row instead of 72 cp.async
-// pieces (+35%). The gathers stay on value warps of schedulers 0 and 1: moving half of them to schedulers 2 and 3,
-// which carry two score warps each, cost 9%; spreading them over all 8 value warps, 4%. In the split layout, its two
-// idle warps (on schedulers 2 and 3) as gather producers cost 6-8% (R), spreading the gathers over all 8 value warps
-// 11% (Q).
-// Taking work out of the loop to find the critical path (ab-h200.md, L and N; results wrong, times only): without the
-// P V step 24% faster, without the S mma 20%, without the score warps' exchange and softmax 10%, with 1/6 of the
-// K ldmatrix 6%, without the partial-score exchange 4%. Both roles are near-critical: moving the softmax to the
-// value warps (score warps only store partial scores) made it 37% slower (M). A per-warp clock trace (V: a step
-// is ~1630 cycles) has the four gather-issuing value warps reach the block barrier last, ~80 cycles after the
-// score warps: a tile's 36 cp.async cost them ~380 cycles, hidden only at the start of the step (issuing them
-// later, 9-31% slower, S; each value warp refilling its own line after its P V, 58-68% slower, U). The step time
-// does not move with the DRAM traffic or with more stages in flight (steps-h200.md, T): memory latency is covered.
+// Bottleneck (H200, measured): neither DRAM nor the shared-memory pipe; the warps' dependent chains within a
+// 16-key step (~1630 cycles), with the tensor pipe ~36% busy and 0.5 eligible warps per scheduler. Both roles
+// are near-critical, memory latency is covered, and the register file (Q and O of 48 rows) allows one block
+// per SM.
 //
 // Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows swizzled, see swizzled_piece, so the
 // 8 row reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
-// STAGES - 2 tiles in flight as cp.async gathers (kStages = 4 on every GPU: 8 stages, or 32-key tiles, on
-// sm_90 timed within 2% on the H200, so one config serves sm_90 and sm_120). The pool rows a gather needs are
-// staged STAGES - 2 steps earlier (cp.async into a ring), so no thread waits on an index load before issuing
-// its copies.
+// STAGES - 2 tiles in flight as cp.async gathers (kStages = 4, one config for sm_90 and sm_120). The pool rows a
+// gather needs are staged STAGES - 2 steps earlier (cp.async into a ring), so no thread waits on an index load
+// before issuing its copies.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -109,12 +86,11 @@ __device__ __forceinline__ uint32_t swizzled_piece(int piece, int row) {
 
 // Warp roles. Scheduler s of an SM issues for warps s, s + 4, ... (warp % 4). Two layouts of the RG = 3 block:
 // - mixed (14 warps): score warps (36 mma per step each) and value warps (8 * RG) share the schedulers so that
-//   each gets near-equal tensor work: score warps {0, 1, 2, 3, 6, 7} give 108 / 108 / 96 / 96 mma per step, where
-//   warps 0..5 gave 120 / 120 / 84 / 84 (5-6% faster on the large cases, kernel/bench/ab-h200.md, A).
+//   each gets near-equal tensor work: score warps {0, 1, 2, 3, 6, 7} give 108 / 108 / 96 / 96 mma per step.
 // - split (kSplit, 16 warps, two of them idle): schedulers 2 and 3 carry only score warps (2, 6, 10 / 3, 7, 11:
 //   108 mma per step each, the two halves of a pair on different schedulers), schedulers 0 and 1 only value warps
-//   (96 mma each) and every gather. 3-6% faster where a block runs 64 or more tiles, but ~0.6 us slower per
-//   call on short chunks (bs = 1), so the planner picks it by chunk length (plan.py, ab-h200.md, L, M, O).
+//   (96 mma each) and every gather. Faster where a block runs 64 or more tiles, slower on short chunks (bs = 1),
+//   so the planner picks it by chunk length (plan.py).
 // RG = 1 puts its two score warps on schedulers 2 and 3 as well. Returns the warp's index within its role, or -1.
 template <int RG, bool kSplit>
 __device__ __forceinline__ int score_slot(int warp) {
@@ -380,6 +356,7 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
   const int g = lane / 4;  // fragment row (and row + 8)
   const int c = lane % 4;  // fragment column pair
 
+  griddep_wait();  // launched as a programmatic dependent: the previous kernel's writes are visible from here
   const int kv_begin = p.kv_indptr[b];
   const int kv_len = request_keys(p, b);
   if (kv_len == 0) {
@@ -517,6 +494,7 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
                    local_row0, key_lo + it * kBlockN, key_hi, prefix, q_tok0, token, lane);
       }
     }
+    griddep_launch_dependents();  // the combine kernel may start its launch; it waits for this grid's writes
     // Row statistics: the row sums of the pair's two key halves meet in warp `half` 0, which writes 1 / sum for
     // the value warps and the LSE (or this chunk's partial LSE).
     float l[2];
@@ -614,7 +592,7 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
 #pragma unroll
     for (int m = 0; m < RG; ++m) {
       if (!tile_live[m]) continue;
-      // Rows g and g + 8 sit side by side (score_tile): one 8-byte load, 0.5-2% faster (ab-h200.md W, X).
+      // Rows g and g + 8 sit side by side (score_tile): one 8-byte load for both.
       const float2 a01 = *reinterpret_cast<const float2*>(alpha + m * 16 + 2 * g);
       const float a0 = a01.x;
       const float a1 = a01.y;
@@ -643,6 +621,7 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
       }
     }
   }
+  griddep_launch_dependents();
   cp_async_wait<0>();  // leave no copy in flight into shared memory of an exiting block
   named_barrier(0, Cfg::kThreads);  // the score warps' 1 / sum values
 
@@ -664,10 +643,10 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
         }
       } else {
         const int64_t slot = (static_cast<int64_t>(b) * p.splits + split) * rows + r;
-        float* out = p.part_o + slot * kValueDim + col0 + 2 * c;
+        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.part_o) + slot * kValueDim + col0 + 2 * c;
 #pragma unroll
         for (int n = 0; n < kValueTiles; ++n) {
-          *reinterpret_cast<float2*>(out + n * 8) = make_float2(acc[m][n][2 * i] * inv, acc[m][n][2 * i + 1] * inv);
+          *reinterpret_cast<uint32_t*>(out + n * 8) = pack_bf16x2(acc[m][n][2 * i] * inv, acc[m][n][2 * i + 1] * inv);
         }
       }
     }

@@ -114,6 +114,22 @@ def workspace_size(
     )
 
 
+# The partial rows are read as 16-byte vectors (csrc/verify_attention.cu, the combine kernel).
+WORKSPACE_ALIGN = 16
+
+
+def check_workspace(workspace: torch.Tensor, need: int) -> None:
+    """Refuse a workspace the binding would refuse, with a Python error, before the launch: on the H200 machine a
+    failed check inside the extension (TORCH_CHECK) killed the process (SIGSEGV) instead of raising."""
+    if not workspace.is_contiguous():
+        raise ValueError("workspace must be contiguous")
+    size = workspace.numel() * workspace.element_size()
+    if size < need:
+        raise ValueError(f"workspace too small: {size} bytes, this launch needs {need} (kdtree_kernel.workspace_size)")
+    if workspace.data_ptr() % WORKSPACE_ALIGN:
+        raise ValueError(f"workspace must be {WORKSPACE_ALIGN}-byte aligned (a fresh allocation is)")
+
+
 def _check_inputs(q: torch.Tensor, kv_buffer: torch.Tensor, q_len: int, v_head_dim: int) -> None:
     if v_head_dim != VALUE_DIM:
         raise ValueError(f"the CUDA kernel supports v_head_dim={VALUE_DIM} only, got {v_head_dim}")
@@ -184,6 +200,8 @@ def verify_attention(
     need = plan.workspace_bytes
     if need and workspace is None:
         workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
+    elif need:
+        check_workspace(workspace, need)
     ext.verify_attention(
         q,
         kv_buffer,

@@ -26,6 +26,10 @@ MAX_SPLITS = 256
 BLOCK_OVERHEAD_TILES = 1.5
 COMBINE_LAUNCH_TILES = 2.0
 BYTES_PER_TILE_STEP = 4.9e6
+# The model was fitted with fp32 partials (512 values + the LSE, 4 bytes each, per row and chunk); it keeps that
+# count while its picks stand (tests/kernel/test_plan.py), though the partials are bf16 now (PARTIAL_ROW_BYTES).
+FITTED_PARTIAL_ROW_BYTES = (VALUE_DIM + 1) * 4
+PARTIAL_ROW_BYTES = VALUE_DIM * 2 + 4  # the workspace's layout: bf16 partial row + fp32 LSE
 # The 48-row block has two warp layouts (csrc/verify_attention_kernel.cuh, score_slot): the split one is 3-6%
 # faster once a block runs 64 or more 16-key tiles, and ~0.6 us slower per call on short chunks
 # (kernel/bench/ab-h200.md, L, M).
@@ -53,10 +57,11 @@ class LaunchPlan:
 
     @property
     def workspace_bytes(self) -> int:
-        """Bytes of scratch the launch needs: fp32 partial outputs + partial LSEs when splits > 1, else 0."""
+        """Bytes of scratch the launch needs: bf16 partial outputs + fp32 partial LSEs when splits > 1, else 0
+        (kPartialRowBytes in csrc/verify_attention.h)."""
         if self.splits == 1:
             return 0
-        return self.bs * self.splits * self.rows * (VALUE_DIM + 1) * 4
+        return self.bs * self.splits * self.rows * PARTIAL_ROW_BYTES
 
 
 def row_tiling(q_len: int, heads: int, max_row_groups: int = MAX_ROW_GROUPS) -> tuple[int, int]:
@@ -73,7 +78,7 @@ def _split_cost(splits: int, *, blocks: int, slots: int, max_keys: int, bs: int,
     tiles = math.ceil(math.ceil(max_keys / splits) / BLOCK_N)
     cost = waves * (tiles + BLOCK_OVERHEAD_TILES)
     if splits > 1:
-        partial_bytes = 2 * bs * splits * rows * (VALUE_DIM + 1) * 4
+        partial_bytes = 2 * bs * splits * rows * FITTED_PARTIAL_ROW_BYTES
         cost += COMBINE_LAUNCH_TILES + partial_bytes / BYTES_PER_TILE_STEP
     return cost
 
