@@ -3,16 +3,22 @@ that KDTREE_EXT_DIR points at. Run it once per build, alternating builds, in one
 `ab` stage of run_device.sh does that for the working tree against kernel sources saved under .ab/.
 
     KDTREE_EXT_DIR=kernel/build python3 kernel/bench/ab_kernel.py --label new --out ab.jsonl
+    python3 kernel/bench/ab_kernel.py --summarize ab.jsonl      # one table: best us per case and label
 
 Each case: CUDA-graph replay median over rotated input sets (as bench_verify.py times it) and the relative
-error against the fp32 reference. Appends one JSON line per case to --out.
+error against the fp32 reference. Appends one JSON line per case to --out. ``--shapes`` adds cases outside
+TREE_CASES (``BSxPREFIXxQLENxHEADS``, ``:fp8`` for an fp8 pool); ``--interleave`` puts a foreign elementwise
+kernel before every call in the graph, as in a model's forward pass where the verify follows other kernels (its own
+time, measured alone, is subtracted), so that launch overlap with our own previous call is not counted.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,20 +27,96 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_verify import SM_SCALE, TREE_CASES, CaseRunner, graph_time_us
 from kdtree_kernel.testing import rel_error
 
+Shape = tuple[int, int, int, int, bool]  # bs, prefix, q_len, heads, fp8 pool
+FOREIGN_ELEMENTS = 1 << 20  # the interleaved kernel: 4 MB of fp32 scaled in place, ~2-3 us on an H200
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """'1x4096x9x8,1x131072x2x8:fp8' -> [(1, 4096, 9, 8, False), (1, 131072, 2, 8, True)]."""
+    shapes: list[Shape] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        dims, _, kind = item.partition(":")
+        bs, prefix, q_len, heads = (int(x) for x in dims.split("x"))
+        if kind not in ("", "fp8"):
+            raise ValueError(f"unknown pool kind {kind!r} in {item!r} (only ':fp8')")
+        shapes.append((bs, prefix, q_len, heads, kind == "fp8"))
+    return shapes
+
+
+def with_foreign(calls: list[Callable[[], object]], scratch: torch.Tensor) -> list[Callable[[], object]]:
+    def wrap(fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            scratch.mul_(1.0)
+            return fn()
+
+        return run
+
+    return [wrap(fn) for fn in calls]
+
+
+def summarize(path: Path) -> str:
+    """Best time per case and label (labels as columns, ratios against `base` or else the first label), and the
+    max rel err per label."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    best: dict[tuple, dict[str, float]] = collections.defaultdict(dict)
+    for r in rows:
+        key = (r["bs"], r["prefix"], r["q_len"], r["heads"], r.get("kv", "bf16"), r.get("interleave", False))
+        best[key][r["label"]] = min(best[key].get(r["label"], 1e9), r["us"])
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    if "base" in labels:  # ratios against the saved base build where there is one
+        labels.remove("base")
+        labels.insert(0, "base")
+    lines = ["| bs | prefix | q_len | H | kv | interleaved | " + " | ".join(labels) + " |"]
+    lines.append("|" + "---|" * (6 + len(labels)))
+    for key, times in best.items():
+        first = times.get(labels[0])
+        cells = []
+        for label in labels:
+            t = times.get(label)
+            if t is None:
+                cells.append("")
+            elif first is None or label == labels[0]:
+                cells.append(f"{t:.1f}")
+            else:
+                cells.append(f"{t:.1f} ({t / first:.2f}x)")
+        lines.append("| " + " | ".join(str(k) for k in key) + " | " + " | ".join(cells) + " |")
+    errors = {label: max((r["rel_err"] or 0.0) for r in rows if r["label"] == label) for label in labels}
+    lines.append("")
+    lines.append("max rel err: " + ", ".join(f"{label} {err:.1e}" for label, err in errors.items()))
+    return "\n".join(lines)
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--label", required=True)
-    parser.add_argument("--out", required=True, type=Path)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--label")
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--no-check", action="store_true", help="time only (skip the fp32 reference)")
     parser.add_argument("--cases", default="", help="comma-separated indices into TREE_CASES (default: all)")
+    parser.add_argument("--shapes", default="", help="more cases: BSxPREFIXxQLENxHEADS[:fp8], comma-separated")
+    parser.add_argument("--interleave", action="store_true", help="a foreign kernel before every call")
+    parser.add_argument("--summarize", type=Path, help="print the table of an ab.jsonl and exit")
     args = parser.parse_args()
+    if args.summarize is not None:
+        print(summarize(args.summarize))
+        return
+    if args.label is None or args.out is None:
+        parser.error("--label and --out are required unless --summarize")
+    picked = {int(x) for x in args.cases.split(",") if x}
+    shapes: list[Shape] = (
+        [(*case, False) for i, case in enumerate(TREE_CASES) if not picked or i in picked]
+        if args.cases or not args.shapes
+        else []
+    )
+    shapes += parse_shapes(args.shapes)
+    scratch = torch.ones(FOREIGN_ELEMENTS, device="cuda")
+    foreign_us = graph_time_us([lambda: scratch.mul_(1.0)]) if args.interleave else 0.0
     with args.out.open("a") as out:
-        picked = {int(x) for x in args.cases.split(",") if x} or set(range(len(TREE_CASES)))
-        for i, (bs, prefix, q_len, heads) in enumerate(TREE_CASES):
-            if i not in picked:
-                continue
-            r = CaseRunner(bs, prefix, q_len, heads, "tree", seed=1000 * i)
+        for i, (bs, prefix, q_len, heads, fp8) in enumerate(shapes):
+            kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+            r = CaseRunner(bs, prefix, q_len, heads, "tree", seed=1000 * i, kv_dtype=kv_dtype)
+            # Twice the planned workspace: a saved base build may predate the bf16 partials (fp32 rows, ~2x the
+            # bytes), and its binding refuses a smaller one.
+            r.ws = torch.empty(2 * r.ws.numel(), dtype=torch.uint8, device="cuda")
             c = r.c
             err = None
             if not args.no_check:
@@ -42,13 +124,16 @@ def main() -> None:
                 ref = c.reference(SM_SCALE)
                 err = rel_error(r.out, ref)
                 del ref
-            us = graph_time_us([r.ours(x) for x in r.cases])
+            calls = [r.ours(x) for x in r.cases]
+            us = graph_time_us(with_foreign(calls, scratch) if args.interleave else calls) - foreign_us
             rec = {
                 "label": args.label,
                 "bs": bs,
                 "prefix": prefix,
                 "q_len": q_len,
                 "heads": heads,
+                "kv": "fp8" if fp8 else "bf16",
+                "interleave": args.interleave,
                 "us": round(us, 2),
                 "rel_err": err,
             }

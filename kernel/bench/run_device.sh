@@ -74,28 +74,27 @@ for stage in $stages; do
       for pid in "${pids[@]}"; do wait "$pid" || { tail -30 /tmp/build-*.log; exit 12; }; done
       grep -H -E "spill" /tmp/build-*.log | sort | uniq -c | head -20
       stamp "ab built"
-      # AB_CASES: indices into bench_verify.TREE_CASES; AB_ROUNDS=1: the checked round only.
+      # AB_CASES: indices into bench_verify.TREE_CASES; AB_SHAPES: more cases (BSxPREFIXxQLENxHEADS[:fp8]);
+      # AB_ENVS: space-separated VAR=value settings, each timing the working tree's build once more under it
+      # (label new+VAR=value); AB_INTERLEAVE=1: also time every build with a foreign kernel before each call;
+      # AB_ROUNDS=1: the checked round only.
       rounds=("" --no-check)
       [ "${AB_ROUNDS:-2}" = 1 ] && rounds=("")
+      modes=("")
+      [ "${AB_INTERLEAVE:-0}" = 1 ] && modes+=(--interleave)
       for check in "${rounds[@]}"; do
-        for d in kernel/build .ab/*/build; do
-          label=$( [ "$d" = kernel/build ] && echo new || basename "$(dirname "$d")" )
-          KDTREE_EXT_DIR="$PWD/$d" timeout 300 python3 kernel/bench/ab_kernel.py --label "$label" --out "$OUT/ab.jsonl" --cases "${AB_CASES:-}" $check > /dev/null 2>> "$OUT/ab.log" || tail -20 "$OUT/ab.log"
+        for mode in "${modes[@]}"; do
+          for d in kernel/build .ab/*/build; do
+            label=$( [ "$d" = kernel/build ] && echo new || basename "$(dirname "$d")" )
+            KDTREE_EXT_DIR="$PWD/$d" timeout 300 python3 kernel/bench/ab_kernel.py --label "$label" --out "$OUT/ab.jsonl" --cases "${AB_CASES:-}" --shapes "${AB_SHAPES:-}" $check $mode > /dev/null 2>> "$OUT/ab.log" || tail -20 "$OUT/ab.log"
+            [ "$d" = kernel/build ] || continue
+            for setting in ${AB_ENVS:-}; do
+              env "$setting" KDTREE_EXT_DIR="$PWD/$d" timeout 300 python3 kernel/bench/ab_kernel.py --label "new+$setting" --out "$OUT/ab.jsonl" --cases "${AB_CASES:-}" --shapes "${AB_SHAPES:-}" $check $mode > /dev/null 2>> "$OUT/ab.log" || tail -20 "$OUT/ab.log"
+            done
+          done
         done
       done
-      python3 - "$OUT/ab.jsonl" <<'PY'
-import json, sys, collections
-rows = [json.loads(l) for l in open(sys.argv[1])]
-best = collections.defaultdict(dict)
-for r in rows:
-    key = (r["bs"], r["prefix"], r["q_len"], r["heads"])
-    best[key][r["label"]] = min(best[key].get(r["label"], 1e9), r["us"])
-labels = sorted({r["label"] for r in rows})
-print("case", *labels, sep="\t")
-for key, t in best.items():
-    print(key, *(t.get(l) for l in labels), sep="\t")
-print("max rel err", {l: max(r["rel_err"] or 0 for r in rows if r["label"] == l) for l in labels})
-PY
+      python3 kernel/bench/ab_kernel.py --summarize "$OUT/ab.jsonl" | tee "$OUT/ab.md"
       ;;
     all-tests)
       python3 -m pytest -m gpu tests/ -v --timeout 300 2>&1 | tee "$OUT/gpu-tests-h200.log" | tail -25 ;;
