@@ -145,7 +145,9 @@ def test_first_failing_line_to_the_rollbacks_restart(hosts: list[HostConfig], tm
     restart_at = int(later[0]["__REALTIME_TIMESTAMP"]) / 1e6
     seconds = restart_at - first_fail
     FIGURES["first failing parity line -> rollback's restart (s)"] = seconds
-    assert 0 < seconds <= 5.0, seconds
+    # The time is a figure (poll interval, SSH round trips, the machine's load), not a pass mark; the bound proves
+    # the rollback followed the failing line instead of waiting for the gate's deadline.
+    assert 0 < seconds < h.gate.deadline_s / 2, seconds
 
 
 # ---------------------------------------------------------------------------------------------- cuts
