@@ -47,7 +47,7 @@ def _rollback_if_failed() -> Step:
         reason = f"gate {run.result.verdict} after restart: {run.result.reason}"
         run.call(lambda r: hs.mark_bad(r, run.layout, failed, reason))
         history = run.call(lambda r: hs.read_history(r, run.layout))
-        after = snapshot(run)
+        after = run.call(lambda r: hs.read_snapshot(r, run.host.root, run.host.unit))
         try:
             target = rollback_target(after, None, False, history)
         except DeployFailed as e:

@@ -44,7 +44,8 @@ def require_managed(snap: HostSnapshot, host: HostConfig) -> None:
 
 
 def snapshot(run: Run) -> HostSnapshot:
-    run.snap = run.call(lambda r: hs.read_snapshot(r, run.host.root, run.host.unit))
+    """The host as preflight sees it. Not retried: an unreachable host fails the command at once."""
+    run.snap = hs.read_snapshot(run.r, run.host.root, run.host.unit)
     return run.snap
 
 
