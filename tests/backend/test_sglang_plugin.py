@@ -25,7 +25,8 @@ INSTALL_HINT = (
     "sglang is not installed: pip install --no-deps sglang==0.5.23 apache-tvm-ffi==0.1.11 "
     "compressed-tensors==0.18.0 gguf openai==2.8.0 && pip install -e '.[dev,backend-cpu]'"
 )
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason=INSTALL_HINT)
+# slow: the probe imports the real SGLang in a fresh interpreter (~15 s).
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason=INSTALL_HINT)]
 
 
 @pytest.fixture(scope="module")

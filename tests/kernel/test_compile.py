@@ -103,6 +103,7 @@ def test_shared_memory_budget() -> None:
     assert dynamic_smem_bytes(3, fp8=True) > dynamic_smem_bytes(1, fp8=True)
 
 
+@pytest.mark.slow  # nvcc, two architectures: ~25 s each
 @pytest.mark.parametrize("arch", ["sm_120a", "sm_90a"])
 def test_kernels_compile(arch: str, tmp_path: Path) -> None:
     procs = [

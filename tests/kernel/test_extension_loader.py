@@ -63,6 +63,7 @@ def test_build_script_rejects_bad_arch(tmp_path: Path) -> None:
     assert "--arch" in proc.stderr
 
 
+@pytest.mark.slow  # imports torch.utils.cpp_extension in a fresh interpreter
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit path")
 def test_build_script_without_cuda_exits_3(tmp_path: Path) -> None:
     import importlib.util
