@@ -28,6 +28,7 @@ from typing import Any
 from .errors import OpsError, UsageError
 from .gate import GateState, Judgement, LineVerdict, Verdict, judge
 from .host import captures as host_captures
+from .host import layout as host_layout
 
 # The commands' home is opsctl.host.captures and opsctl.host.replay; these names stay importable from here.
 from .host.captures import CAPTURE_SUBDIR as CAPTURE_SUBDIR
@@ -37,6 +38,8 @@ from .host.remote import Remote
 from .host.replay import TOKEN_RE as TOKEN_RE
 from .host.replay import capture_replay_command
 from .inventory import HostConfig
+from .release import ADOPTED_ID_RE
+from .release import ID_RE as RELEASE_ID_RE
 
 FORMAT = "kdtree-capture/1"
 SUMMARY_RE = re.compile(r"^kdtree-replay: captures=(\d+) damaged=(\d+)\b")
@@ -514,3 +517,101 @@ def judge_replay(stdout: str, rc: int, host: HostConfig, token: str, stderr: str
     return ReplayJudgement(
         Verdict.PASS, f"{counted} captured call(s) replayed, worst rel {worst:.3g}", judgements, calls, damaged, state
     )
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+# One SSH session each, for the CLI (which never opens one itself).
+
+Progress = Callable[[CaptureSet | None, float], None]
+
+
+@dataclass(frozen=True)
+class CaptureRun:
+    pruned: list[tuple[str, str]]  # (capture id, why) removed before arming
+    request: dict[str, Any]
+    result: CaptureSet
+    elapsed_s: float  # from arming to every rank finished
+
+
+def take_capture(
+    host: HostConfig,
+    *,
+    layers: Iterable[int],
+    steps: int,
+    max_mb: float,
+    ttl_s: float,
+    timeout_s: float,
+    by: str,
+    on_pruned: Callable[[str, str], None],
+    on_armed: Callable[[dict[str, Any]], Progress],
+) -> CaptureRun:
+    """Prune old captures, arm a new one, wait for every TP rank, disarm. ``on_armed`` is told the request and
+    returns the progress callback for the wait. UsageError when a capture is armed already; CaptureFailed when
+    the ranks do not finish within ``timeout_s``."""
+    from .ssh import connect  # the SSH layer pulls in paramiko; the pure parts above do not need it
+
+    with connect(host) as r:
+        before = read_listing(r, host)
+        if before.armed_id:
+            raise UsageError(
+                f"{host.name}: capture {before.armed_id} is armed already (expires on its own); wait for it, "
+                f"or remove {capture_dir(host)}/{REQUEST_FILE} on the host"
+            )
+        pruned = prune_plan(before, PruneLimits())
+        prune(r, host, [ident for ident, _ in pruned])
+        for ident, why in pruned:
+            on_pruned(ident, why)
+        started = time.monotonic()
+        request = arm(r, host, layers=layers, steps=steps, max_mb=max_mb, ttl_s=ttl_s, by=by)
+        result = wait_for(r, host, request["id"], timeout_s=timeout_s, progress=on_armed(request))
+        disarm(r, host, request["id"])
+    return CaptureRun(pruned, request, result, time.monotonic() - started)
+
+
+def list_captures(host: HostConfig, limits: PruneLimits | None) -> tuple[Listing, list[tuple[str, str]]]:
+    """What is stored, and (with ``limits``) the captures removed by the prune plan."""
+    from .ssh import connect
+
+    with connect(host) as r:
+        listing = read_listing(r, host)
+        doomed = prune_plan(listing, limits) if limits is not None else []
+        if doomed:
+            prune(r, host, [ident for ident, _ in doomed])
+    return listing, doomed
+
+
+@dataclass(frozen=True)
+class ReplayRun:
+    release: str
+    judgement: ReplayJudgement
+    stderr: str
+    elapsed_s: float
+
+
+def _release_dir(r: Remote, host: HostConfig, release: str) -> tuple[str, str]:
+    """(release id, its directory on the host); 'current' is what the unit runs now."""
+    releases = f"{host.root}/releases"
+    if release == "current":
+        res = r.run(host_layout.resolve_current_command(host.root), check=False, timeout=60)
+        target = res.stdout.strip()
+        if res.rc != 0 or not target.startswith(releases + "/"):
+            raise UsageError(f"{host.name}: no current release under {releases} (deploy one first)")
+        return target.rsplit("/", 1)[1], target
+    if not (RELEASE_ID_RE.fullmatch(release) or ADOPTED_ID_RE.fullmatch(release)):
+        raise UsageError(f"{release!r} is not a release id (like r0123456789ab) or 'current'")
+    path = f"{releases}/{release}"
+    if r.run(host_layout.is_dir_command(path), check=False, timeout=60).rc != 0:
+        raise UsageError(f"{host.name}: release {release} is not on the host (opsctl releases {host.name} lists them)")
+    return release, path
+
+
+def replay_release(host: HostConfig, release: str, token: str) -> ReplayRun:
+    """Replay every stored capture with ``release`` (an id, or 'current') on the host, nothing switched."""
+    from .ssh import connect
+
+    with connect(host) as r:
+        release_id, path = _release_dir(r, host, release)
+        started = time.monotonic()
+        res = r.run(replay_command(host, path, token), check=False, timeout=REPLAY_TIMEOUT_S)
+    elapsed = time.monotonic() - started
+    return ReplayRun(release_id, judge_replay(res.stdout, res.rc, host, token, res.stderr), res.stderr, elapsed)

@@ -16,14 +16,10 @@ from rich.table import Table
 
 from . import captures as cap
 from . import cli_common as common
-from .errors import GateFailed, UsageError
+from .errors import GateFailed
 from .gate import Verdict
-from .host import layout as host_layout
-from .host.remote import Remote
 from .hoststate import new_parity_token
 from .inventory import HostConfig
-from .release import ADOPTED_ID_RE, ID_RE
-from .ssh import connect
 
 STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "IGNORED": "dim", "NODATA": "red"}
 
@@ -109,33 +105,30 @@ def register(app: typer.Typer) -> None:
         `opsctl parity replay HOST --release R` replays them."""
         layer_ids = cap.parse_layers(layers)
         hc = common.pick_host(common.inventory(inventory), host, "capture")
-        with connect(hc) as r:
-            before = cap.read_listing(r, hc)
-            if before.armed_id:
-                raise UsageError(
-                    f"{hc.name}: capture {before.armed_id} is armed already (expires on its own); wait for it, "
-                    f"or remove {cap.capture_dir(hc)}/{cap.REQUEST_FILE} on the host"
-                )
-            pruned = cap.prune_plan(before, cap.PruneLimits())
-            cap.prune(r, hc, [ident for ident, _ in pruned])
-            for ident, why in pruned:
-                common.err.print(f"[dim]pruned capture {ident} ({escape(why)})[/]", soft_wrap=True)
-            started = time.monotonic()
-            request = cap.arm(r, hc, layers=layer_ids, steps=steps, max_mb=max_mb, ttl_s=ttl, by=_who())
+
+        def pruned_one(ident: str, why: str) -> None:
+            common.err.print(f"[dim]pruned capture {ident} ({escape(why)})[/]", soft_wrap=True)
+
+        def armed(request: dict[str, Any]) -> cap.Progress:
             common.err.print(
                 f"[dim]armed capture {request['id']} on {hc.name}: layers {list(layer_ids)}, {steps} step(s), "
                 f"<= {max_mb:g} MB ({_mb(request['max_bytes'])} per TP rank), expires in {ttl:g}s[/]",
                 soft_wrap=True,
             )
-            result = cap.wait_for(
-                r,
-                hc,
-                request["id"],
-                timeout_s=ttl if timeout is None else timeout,
-                progress=_Progress(hc, request["id"]),
-            )
-            cap.disarm(r, hc, request["id"])
-        elapsed = time.monotonic() - started
+            return _Progress(hc, request["id"])
+
+        run = cap.take_capture(
+            hc,
+            layers=layer_ids,
+            steps=steps,
+            max_mb=max_mb,
+            ttl_s=ttl,
+            timeout_s=ttl if timeout is None else timeout,
+            by=_who(),
+            on_pruned=pruned_one,
+            on_armed=armed,
+        )
+        result, pruned, elapsed = run.result, run.pruned, run.elapsed_s
         problem = cap.outcome_problem(result, hc.service.tp)
         if json_out:
             common.emit_json(
@@ -187,11 +180,7 @@ def register(app: typer.Typer) -> None:
         """List the captures stored on HOST (age, release, size); with --prune remove old ones."""
         hc = common.pick_host(common.inventory(inventory), host, "captures")
         limits = _limits(keep, keep_mb, max_age_days)
-        with connect(hc) as r:
-            listing = cap.read_listing(r, hc)
-            doomed = cap.prune_plan(listing, limits) if prune else []
-            if doomed:
-                cap.prune(r, hc, [ident for ident, _ in doomed])
+        listing, doomed = cap.list_captures(hc, limits if prune else None)
         gone = {ident for ident, _ in doomed}
         remaining = [s for s in listing.sets if s.id not in gone]
         if json_out:
@@ -230,34 +219,13 @@ def register(app: typer.Typer) -> None:
         common.out.print(table)
 
 
-def _release_dir(r: Remote, host: HostConfig, release: str) -> tuple[str, str]:
-    """(release id, its directory on the host); 'current' is what the unit runs now."""
-    releases = f"{host.root}/releases"
-    if release == "current":
-        res = r.run(host_layout.resolve_current_command(host.root), check=False, timeout=60)
-        target = res.stdout.strip()
-        if res.rc != 0 or not target.startswith(releases + "/"):
-            raise UsageError(f"{host.name}: no current release under {releases} (deploy one first)")
-        return target.rsplit("/", 1)[1], target
-    if not (ID_RE.fullmatch(release) or ADOPTED_ID_RE.fullmatch(release)):
-        raise UsageError(f"{release!r} is not a release id (like r0123456789ab) or 'current'")
-    path = f"{releases}/{release}"
-    if r.run(host_layout.is_dir_command(path), check=False, timeout=60).rc != 0:
-        raise UsageError(f"{host.name}: release {release} is not on the host (opsctl releases {host.name} lists them)")
-    return release, path
-
-
 def parity_replay(host_name: str | None, release: str, json_out: bool, inventory: Any = None) -> None:
     """``opsctl parity replay HOST --release R``: replay every stored capture with release R on the host (no
     deploy, nothing switched) and judge the lines with the gate's rules. Exit 0 on PASS, 31 otherwise."""
     host = common.pick_host(common.inventory(inventory), host_name, "parity replay")
     token = new_parity_token()
-    with connect(host) as r:
-        release_id, path = _release_dir(r, host, release)
-        started = time.monotonic()
-        res = r.run(cap.replay_command(host, path, token), check=False, timeout=cap.REPLAY_TIMEOUT_S)
-    elapsed = time.monotonic() - started
-    result = cap.judge_replay(res.stdout, res.rc, host, token, res.stderr)
+    run = cap.replay_release(host, release, token)
+    release_id, result, elapsed = run.release, run.judgement, run.elapsed_s
     if json_out:
         common.emit_json({"host": host.name, "release": release_id, "elapsed_s": round(elapsed, 2), **result.to_json()})
     else:
@@ -270,7 +238,7 @@ def parity_replay(host_name: str | None, release: str, json_out: bool, inventory
                 f"[{STYLE.get(v, '')}]{v}[/] {where} {escape(capture_id)}: {escape(j.reason)} (vs running release {vs})",
                 soft_wrap=True,
             )
-        for line in res.stderr.splitlines():
+        for line in run.stderr.splitlines():
             if "skipped:" in line:
                 common.err.print(f"[red]{escape(line)}[/]", soft_wrap=True)
         v = str(result.verdict)
