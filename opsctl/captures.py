@@ -31,11 +31,8 @@ from .host import captures as host_captures
 from .host import layout as host_layout
 
 # The commands' home is opsctl.host.captures and opsctl.host.replay; these names stay importable from here.
-from .host.captures import CAPTURE_SUBDIR as CAPTURE_SUBDIR
 from .host.captures import ID_RE, REQUEST_FILE, check_capture_id
-from .host.captures import LIST_SCRIPT as LIST_SCRIPT
 from .host.remote import Remote
-from .host.replay import TOKEN_RE as TOKEN_RE
 from .host.replay import capture_replay_command
 from .inventory import HostConfig
 from .release import ADOPTED_ID_RE

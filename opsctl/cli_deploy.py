@@ -23,8 +23,8 @@ from rich.table import Table
 from rich.text import Text
 
 from . import cli_common as common
+from . import cli_render, fleet, hostinfo
 from . import deploy as pipeline
-from . import fleet, hostinfo
 from . import hoststate as hs
 from .errors import (
     EXIT_LOCK_HELD,
@@ -37,6 +37,7 @@ from .errors import (
     UsageError,
 )
 from .gate import classify
+from .host import journal as journal_commands
 from .inventory import HostConfig
 from .journal import message_text
 from .parity import OtherKdtreeLine, ParityLine, ShapesLine, parse_line
@@ -241,8 +242,8 @@ def _run_fleet(
     if as_json:
         common.emit_json({"target": target, "ok": report.ok, "stopped": report.stopped, "outcomes": report.outcomes})
     else:
-        console.print(fleet.render_report(report, title=f"{what} {target}"))
-        console.print(fleet.summary_line(report), style="bold green" if report.ok else "bold red", highlight=False)
+        console.print(cli_render.render_report(report, title=f"{what} {target}"))
+        console.print(cli_render.summary_line(report), style="bold green" if report.ok else "bold red", highlight=False)
     if not report.ok:
         raise typer.Exit(code=GateFailed.exit_code)
 
@@ -638,7 +639,7 @@ def logs_command(
     h = _host(host, inventory_path, "logs")
     host = h.name
     matcher = _matcher(grep)
-    remote = hostinfo.journal_command(
+    remote = journal_commands.logs_command(
         h.unit, since=since, lines=lines, follow=follow, kdtree_only=grep in ("shapes", "parity")
     )
     printer = _LogPrinter(h, as_json, stream=follow)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import OpsError, SshError, UsageError
 from .fanout import run_on_hosts
@@ -306,13 +306,3 @@ def rollback_action(emit: Progress, **kwargs: object) -> Action:
         return outcome_from_result(pipeline.rollback(host, LineReporter(host.name, emit), **kwargs))  # type: ignore[arg-type]
 
     return act
-
-
-def __getattr__(name: str) -> Any:
-    """``render_report`` and ``summary_line`` moved to opsctl.cli_render (rendering is the CLI layer's); kept
-    reachable here for cli_deploy until it imports them from there."""
-    if name in ("render_report", "summary_line"):
-        from . import cli_render
-
-        return getattr(cli_render, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

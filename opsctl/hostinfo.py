@@ -1,19 +1,20 @@
 """What the read-only host commands (status, releases, service, lock, logs) do on a host, as library calls: the
-CLI renders what these return and never opens SSH itself. The remote command lines are built by the pure
-``*_command`` functions (tested as text); the functions below them connect, run, parse."""
+CLI renders what these return and never opens SSH itself. The remote command lines come from ``opsctl.host``."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import re
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from . import hoststate as hs
 from .errors import OpsError, UsageError
+from .host import journal as journal_commands
+from .host import layout as layout_commands
+from .host import unit as unit_commands
 from .inventory import HostConfig
 from .parity import ParityLine, parse_line
 
@@ -24,17 +25,8 @@ _META_LINE = re.compile(r'\s*"(created_at|commit|dirty)":\s*(.*?),?\s*$')
 # ------------------------------------------------------------------------------------------------ commands (pure)
 
 
-def release_meta_command(layout: hs.Layout) -> str:
-    """Per release directory: `== ID`, then its manifest's created_at / commit / dirty lines."""
-    return (
-        f'for d in {shlex.quote(layout.releases)}/*/; do echo "== $(basename "$d")"; '
-        'grep -m1 \'"created_at"\' "$d/manifest.json" 2>/dev/null; grep -m1 \'"commit"\' "$d/manifest.json" 2>/dev/null; '
-        'grep -m1 \'"dirty"\' "$d/manifest.json" 2>/dev/null; done'
-    )
-
-
 def parse_release_meta(text: str) -> dict[str, dict[str, Any]]:
-    """The output of ``release_meta_command`` -> {release: {created_at, commit, dirty}}. Pure."""
+    """The output of ``host.layout.release_meta_command`` -> {release: {created_at, commit, dirty}}. Pure."""
     out: dict[str, dict[str, Any]] = {}
     cur: dict[str, Any] | None = None
     for line in text.splitlines():
@@ -46,26 +38,6 @@ def parse_release_meta(text: str) -> dict[str, dict[str, Any]]:
             with contextlib.suppress(ValueError):
                 cur[m.group(1)] = json.loads(m.group(2))
     return out
-
-
-def parity_lines_command(invocation_id: str, most: int = PARITY_LINES_SHOWN) -> str:
-    """The last ``most`` parity lines one invocation of the unit printed."""
-    return (
-        f"journalctl _SYSTEMD_INVOCATION_ID={shlex.quote(invocation_id)} -o cat --no-pager -q "
-        f"| grep -F '[kdtree] L' | tail -n {int(most)}"
-    )
-
-
-def journal_command(unit: str, *, since: str | None, lines: int, follow: bool, kdtree_only: bool) -> str:
-    """The unit's journal as JSON lines (message + time); ``kdtree_only`` keeps the ``[kdtree]`` lines."""
-    argv = ["journalctl", "-u", unit + ".service", "-o", "json", "--output-fields=MESSAGE,__REALTIME_TIMESTAMP"]
-    argv += ["--no-pager", "-q", *(["--since", since] if since else ["-n", str(int(lines))])]
-    if follow:
-        argv.append("-f")
-    remote = shlex.join(argv)
-    if kdtree_only:
-        remote += " | grep --line-buffered -F " + shlex.quote("[kdtree]")
-    return remote
 
 
 # ------------------------------------------------------------------------------------------------ reads (I/O)
@@ -90,7 +62,7 @@ def read_releases(host: HostConfig) -> ReleasesView:
 
     def gather(r: Any) -> ReleasesView:
         snap = hs.read_snapshot(r, host.root, host.unit)
-        meta = r.run(release_meta_command(layout), timeout=60, check=False).stdout
+        meta = r.run(layout_commands.release_meta_command(layout), timeout=60, check=False).stdout
         return ReleasesView(snap, hs.read_history(r, layout), parse_release_meta(meta))
 
     result: ReleasesView = _with_host(host, gather)
@@ -111,7 +83,11 @@ def read_status(host: HostConfig) -> StatusView:
         snap = hs.read_snapshot(r, host.root, host.unit)
         text = ""
         if snap.unit.invocation_id:
-            text = r.run(parity_lines_command(snap.unit.invocation_id), timeout=60, check=False).stdout
+            text = r.run(
+                journal_commands.latest_parity_lines_command(snap.unit.invocation_id, PARITY_LINES_SHOWN),
+                timeout=60,
+                check=False,
+            ).stdout
         token = hs.read_parity_token(r, layout)
         # As the gate sees them: only lines with the running invocation's token are the service's own.
         parity = [
@@ -137,14 +113,14 @@ def service(host: HostConfig, action: str) -> ServiceOutcome:
     """Start, stop or show the unit (no gate)."""
     if action not in SERVICE_ACTIONS:
         raise UsageError(f"service action must be start, stop or status, not {action!r}")
-    unit = host.unit + ".service"
 
     def act(r: Any) -> ServiceOutcome:
         if action == "status":
-            res = r.run(["systemctl", "status", "--no-pager", "-n", "15", unit], check=False, timeout=60)
+            res = r.run(unit_commands.status_argv(host.unit), check=False, timeout=60)
             return ServiceOutcome(action, "", res.stdout.rstrip(), res.rc)
-        r.run(["systemctl", action, unit], timeout=host.service.start_timeout_s + 60)
-        return ServiceOutcome(action, r.run(["systemctl", "is-active", unit], check=False, timeout=60).stdout.strip())
+        r.run(unit_commands.action_argv(action, host.unit), timeout=host.service.start_timeout_s + 60)
+        state = r.run(unit_commands.action_argv("is-active", host.unit), check=False, timeout=60).stdout.strip()
+        return ServiceOutcome(action, state)
 
     result: ServiceOutcome = _with_host(host, act)
     return result
@@ -167,7 +143,7 @@ def read_lock(host: HostConfig, *, break_it: bool = False) -> hs.HostSnapshot:
 
 
 def read_journal(host: HostConfig, remote: str, on_line: Callable[[str], None], *, follow: bool) -> None:
-    """Each line of ``journal_command``'s output to ``on_line``; following, until Ctrl-C."""
+    """Each line of ``host.journal.logs_command``'s output to ``on_line``; following, until Ctrl-C."""
 
     def act(r: Any) -> None:
         if follow:

@@ -16,15 +16,13 @@ from typing import Any
 from .gate import UnitObservation
 from .host import journal as host_journal
 from .host.facts import parse_systemctl_show
-from .host.journal import SEPARATOR, mark_command
+from .host.journal import SEPARATOR
 
-# mark_command's home is opsctl.host.journal; re-exported for deploy.py, which imports it from here.
 __all__ = [
     "SEPARATOR",
     "Entry",
     "Follower",
     "Mark",
-    "mark_command",
     "message_text",
     "parse_entries",
     "parse_mark",

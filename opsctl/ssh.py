@@ -38,7 +38,6 @@ import paramiko
 
 from .errors import AuthFailed, CommandFailed, CommandTimeout, HostKeyMismatch, HostKeyUnknown, HostUnreachable
 from .host import session as host_session
-from .host.session import RUN_MARKER
 from .inventory import HostConfig
 
 # Paramiko logs a full traceback (at ERROR, from its transport thread) for an expected failure such as a host that
@@ -51,7 +50,6 @@ KEEPALIVE_S = 15
 STDERR_TAIL_LINES = 20
 
 __all__ = [
-    "RUN_MARKER",
     "CommandResult",
     "Endpoint",
     "Remote",

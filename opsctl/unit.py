@@ -12,19 +12,15 @@ from pathlib import Path
 
 from .host import unit as host_unit
 from .host.remote import Remote
-from .host.unit import UNIT_DIR, verify_command
 from .inventory import HostConfig
 
-# verify_command and UNIT_DIR live in opsctl.host.unit; re-exported for their callers here.
 __all__ = [
-    "UNIT_DIR",
     "exec_argv",
     "install",
     "render",
     "render_from_tree",
     "systemd_word",
     "unit_path",
-    "verify_command",
 ]
 
 TEMPLATE_REL = "systemd/sglang-k26-ddtree.service"

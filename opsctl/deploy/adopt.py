@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import hoststate as hs
 from ..errors import DeployFailed
+from ..host import layout as layout_commands
 from ..hoststate import LockOwner
 from ..inventory import HostConfig
 from .report import Reporter
@@ -50,17 +50,11 @@ def _inventory(found: _Found) -> Step:
     def run_(run: Run) -> str:
         snap, r = run.snap, run.r
         assert snap is not None
-        root_q = shlex.quote(run.host.root)
         listing = ""
         if snap.root_exists:
-            listing = r.run(
-                f"cd {root_q} && find . \\( -path ./releases -o -path ./state -o -path ./current \\) -prune -o -type f -print0 | sort -z | xargs -0 -r sha256sum",
-                timeout=1800,
-            ).stdout
+            listing = r.run(layout_commands.foreign_files_command(run.host.root), timeout=1800).stdout
             du = r.run(
-                f"cd {root_q} && du -smc -- {' '.join(shlex.quote(e) for e in snap.other_root_entries) or '/dev/null'} | tail -n 1",
-                timeout=600,
-                check=False,
+                layout_commands.size_mb_command(run.host.root, snap.other_root_entries), timeout=600, check=False
             ).stdout.split()
             found.size_mb = int(du[0]) if du and du[0].isdigit() else 0
         found.unit_text = r.read_file(snap.unit.fragment_path).decode() if snap.unit.fragment_path else ""

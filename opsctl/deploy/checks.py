@@ -3,7 +3,6 @@ pre-restart parity (the host's captured traffic, then synthetic batches), judged
 
 from __future__ import annotations
 
-import shlex
 import time
 from typing import Any
 
@@ -11,6 +10,7 @@ from .. import captures
 from .. import hoststate as hs
 from ..errors import DeployFailed, GateFailed
 from ..gate import GateState, LineVerdict, Verdict
+from ..host import replay as replay_commands
 from ..hoststate import Layout
 from ..inventory import HostConfig
 from ..parity import ParityLine
@@ -28,17 +28,9 @@ def build(r: Any, host: HostConfig, layout: Layout, release: str) -> str:
     """Build the extension on the host for its GPU; returns the step's detail. A host without CUDA (and no
     gpu_arch in the inventory) runs the reference path."""
     rel = layout.release(release)
-    cmd = [
-        host.service.python,
-        f"{rel}/deploy/build_extension.py",
-        "--out",
-        f"{rel}/{EXT_SUBDIR}",
-        "--log",
-        f"{rel}/build.log",
-        "--timeout",
-        f"{host.build_timeout_s:g}",
-    ]
-    cmd[2:2] = ["--arch", host.gpu_arch or "0.0"]
+    cmd = replay_commands.build_argv(
+        host.service.python, rel, arch=host.gpu_arch or "0.0", out_subdir=EXT_SUBDIR, timeout_s=host.build_timeout_s
+    )
     res = r.run(cmd, timeout=host.build_timeout_s + 120, check=False)
     if res.rc == 0:
         return f"built for sm_{(host.gpu_arch or '').replace('.', '')}, log {rel}/build.log"
@@ -56,22 +48,10 @@ def prerestart_parity(r: Any, host: HostConfig, layout: Layout, release: str, re
     # The host's own captured traffic first (when any is stored): real trees, prefixes and magnitudes.
     captured = replay_captures(r, host, rel, reporter)
     token = hs.new_parity_token()
-    env = (
-        f"PYTHONPATH={shlex.quote(f'{rel}/kernel:{rel}/backend')} KDTREE_CONFIG={shlex.quote(f'{rel}/deploy/kdtree.json')} "
-        f"PYTHONUNBUFFERED=1 {hs.PARITY_TOKEN_VAR}={token}"
+    command = replay_commands.synthetic_replay_command(
+        host.service.python, rel, token, steps=PRE_RESTART_PARITY_STEPS, threshold=host.gate.fail_rel
     )
-    argv = [
-        host.service.python,
-        "-m",
-        "kdtree_backend.replay",
-        "--steps",
-        str(PRE_RESTART_PARITY_STEPS),
-        "--interval",
-        "0",
-        "--threshold",
-        f"{host.gate.fail_rel:g}",
-    ]
-    res = r.run(f"cd {shlex.quote(rel)} && env {env} {shlex.join(argv)}", timeout=PARITY_TIMEOUT_S, check=False)
+    res = r.run(command, timeout=PARITY_TIMEOUT_S, check=False)
     state = GateState.every_line(host.gate, expected_ranks=1, token=token, deadline_s=PARITY_TIMEOUT_S)
     for message in res.stdout.splitlines():
         feed_line(state, message, 0.0, reporter)

@@ -7,13 +7,13 @@ a rejected release or a signal anywhere up to the gate's PASS brings the previou
 
 from __future__ import annotations
 
-import shlex
 import tempfile
 from pathlib import Path
 
 from .. import hoststate as hs
 from .. import unit as unitmod
 from ..errors import DeployFailed, GateFailed, LockHeld
+from ..host import layout as layout_commands
 from ..hoststate import LockOwner
 from ..inventory import HostConfig
 from ..release import Manifest, make_manifest, stage
@@ -92,9 +92,7 @@ def _upload(src: Path, manifest: Manifest) -> Step:
 def _verify(manifest: Manifest) -> Step:
     def run_(run: Run) -> str:
         release_dir = run.layout.release(manifest.id)
-        run.r.run(
-            f"cd {shlex.quote(release_dir)} && sha256sum --quiet --strict -c -", stdin=manifest.checklist(), timeout=300
-        )
+        run.r.run(layout_commands.verify_checksums_command(release_dir), stdin=manifest.checklist(), timeout=300)
         remote = Manifest.from_json(run.r.read_file(f"{release_dir}/manifest.json"))
         if remote.id != manifest.id:
             raise DeployFailed(f"manifest on the host names {remote.id}, expected {manifest.id}")

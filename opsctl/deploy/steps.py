@@ -4,7 +4,6 @@ Each factory returns a ``Step``; the commands (ship.py, restart.py, rollback.py,
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +11,7 @@ from .. import hoststate as hs
 from .. import unit as unitmod
 from ..errors import DeployFailed
 from ..gate import GateState, Verdict
+from ..host import unit as unit_commands
 from ..hoststate import HostSnapshot, Layout
 from ..inventory import HostConfig
 from .result import DeployVerdict, HistoryRecord
@@ -22,7 +22,7 @@ from .watch import restart_unit, run_gate
 
 
 def read_unit_text(r: Any, host: HostConfig) -> str | None:
-    res = r.run(f"cat {shlex.quote(unitmod.unit_path(host))} 2>/dev/null", timeout=60, check=False)
+    res = r.run(unit_commands.read_unit_file_command(host.unit), timeout=60, check=False)
     return res.stdout if res.rc == 0 else None
 
 
@@ -30,9 +30,7 @@ def install_unit_for(r: Any, host: HostConfig, layout: Layout, release: str) -> 
     """Install the unit stored with a release (rendered at its deploy, or the hand-made one for release zero)."""
     text = r.read_file(f"{layout.release(release)}/unit.service").decode()
     changed = unitmod.install(r, host, text, read_unit_text(r, host))
-    u = shlex.quote(host.unit + ".service")
-    # `systemctl enable` reloads the manager even when nothing changes: only when not enabled yet.
-    r.run(f"systemctl is-enabled --quiet {u} || systemctl enable --quiet {u}", timeout=60, check=False)
+    r.run(unit_commands.enable_once_command(host.unit), timeout=60, check=False)
     return changed
 
 
@@ -152,7 +150,7 @@ def restore_previous(run: Run, target: str | None, failed: str) -> None:
     host, layout, result = run.host, run.layout, run.result
     if target is None:
         with run.timer.timed(run.reporter, "rollback", "nothing to roll back to: stopping the unit"):
-            run.r.run(["systemctl", "stop", host.unit + ".service"], timeout=300, check=False)
+            run.r.run(unit_commands.action_argv("stop", host.unit), timeout=300, check=False)
         result.rolled_back_to, result.rollback_verdict = None, "unit stopped"
         return
     with run.timer.timed(run.reporter, "rollback", f"current -> {target}") as note:

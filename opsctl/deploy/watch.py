@@ -4,7 +4,6 @@ journal into the gate until it decides."""
 from __future__ import annotations
 
 import contextlib
-import shlex
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,9 +11,11 @@ from typing import Any
 from .. import hoststate as hs
 from ..errors import DeployFailed, SshError
 from ..gate import GateState, LineVerdict, judge
+from ..host import unit as unit_commands
+from ..host.journal import mark_command
 from ..hoststate import Layout
 from ..inventory import HostConfig
-from ..journal import Follower, Mark, mark_command, parse_mark
+from ..journal import Follower, Mark, parse_mark
 from .report import Reporter
 from .session import Session
 
@@ -35,13 +36,7 @@ def restart_unit(r: Any, host: HostConfig) -> Mark:
     layout = Layout(host.root)
     token = hs.new_parity_token()
     hs.write_parity_token(r, layout, token)
-    u = shlex.quote(host.unit + ".service")
-    out = r.run(
-        f'systemctl reset-failed {u} 2>/dev/null; systemctl restart {u}; echo "rc=$?"; '
-        f'echo "restarts=$(systemctl show -p NRestarts --value {u})"; '
-        f'echo "envfiles=$(systemctl show -p EnvironmentFiles --value {u})"',
-        timeout=host.service.start_timeout_s + 60,
-    ).stdout
+    out = r.run(unit_commands.restart_command(host.unit), timeout=host.service.start_timeout_s + 60).stdout
     facts = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
     restarts = facts.get("restarts", "").strip()
     carries_token = layout.parity_env in facts.get("envfiles", "")

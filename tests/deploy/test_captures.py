@@ -16,6 +16,7 @@ import pytest
 from opsctl import captures as cap
 from opsctl.errors import UsageError
 from opsctl.gate import Verdict
+from opsctl.host.captures import LIST_SCRIPT
 from opsctl.inventory import HostConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,7 +107,7 @@ def stored_capture(directory: Path, capture_id: str, *, steps: int = 1, tp: int 
 
 
 def run_listing(directory: Path) -> cap.Listing:
-    res = subprocess.run(["python3", "-c", cap.LIST_SCRIPT, str(directory)], capture_output=True, text=True, check=True)
+    res = subprocess.run(["python3", "-c", LIST_SCRIPT, str(directory)], capture_output=True, text=True, check=True)
     return cap.parse_listing(res.stdout)
 
 
