@@ -4,7 +4,7 @@ Shape: ``ssh_probe`` (one SSH round trip running opsctl.host.probe's command: th
 read-only Python script) returns ``HostFacts``; ``evaluate`` turns facts + the previous run's record into
 ``HostHealth`` with no I/O; ``check_hosts`` does that for many hosts at once (opsctl.fanout); ``HealthHistory``
 keeps one JSON line per host and run on the machine running opsctl (the NRestarts baseline for the crash-loop
-check lives there). This module returns data: the table, JSON and Prometheus text are opsctl.cli_render's.
+check lives there). This module returns data: the table, JSON and Prometheus text are opsctl.cli.render's.
 
 Exit codes: 0 when every host is OK, 1 when the worst is WARN, 2 when any host is CRIT (an unreachable host is
 CRIT). A check that does not apply to a host (no GPU expected, no HTTP port in replay mode) is ``skip`` and never

@@ -33,7 +33,7 @@ from .host.remote import CommandResultLike, Remote
 from .host.replay import PARITY_TOKEN_VAR
 from .release import ADOPTED_ID_RE
 
-# Re-exported for opsctl.deploy and cli_deploy, which import them from here (their home is opsctl.host).
+# The layout, lock and token names this module's functions take and write (built in opsctl.host), as its API.
 __all__ = [
     "LOCK_LEASE_S",
     "PARITY_TOKEN_VAR",

@@ -8,11 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import typer
-
-from opsctl.cli import _register_command_modules
-
 REPO = Path(__file__).parents[2]
 
 
@@ -57,18 +52,3 @@ def test_inventory_error_is_one_red_line_and_exit_2(tmp_path: Path) -> None:
 def test_unknown_target_exit_code() -> None:
     proc = _opsctl("-i", "inventory.yaml", "ping", "no-such-host")
     assert proc.returncode == 2 and "no host or group named 'no-such-host'" in proc.stderr
-
-
-def test_command_modules_missing_is_skipped_broken_is_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "opsctl_good_cmds.py").write_text(
-        "import typer\n\ndef register(app: typer.Typer) -> None:\n"
-        "    @app.command()\n    def hello() -> None:\n        print('hi')\n"
-    )
-    (tmp_path / "opsctl_broken_cmds.py").write_text("import opsctl_dependency_that_is_not_installed\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    app = typer.Typer()
-    loaded = _register_command_modules(app, ("opsctl_not_written_yet", "opsctl_good_cmds"))
-    assert loaded == ["opsctl_good_cmds"]
-    assert [c.callback.__name__ for c in app.registered_commands if c.callback] == ["hello"]
-    with pytest.raises(ModuleNotFoundError, match="opsctl_dependency_that_is_not_installed"):
-        _register_command_modules(typer.Typer(), ("opsctl_broken_cmds",))

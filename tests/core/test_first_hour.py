@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from opsctl import cli_common
-from opsctl.cli_deploy import RichReporter
+from opsctl.cli import common as cli_common
+from opsctl.cli.deploy import RichReporter
 from opsctl.errors import InventoryError, OpsError
 from opsctl.inventory import parse
 from opsctl.parity import ParityLine, parse_line
@@ -309,7 +309,7 @@ def test_exit_code_doc_matches_the_error_types() -> None:
     for cls in vars(errors).values():
         if isinstance(cls, type) and issubclass(cls, errors.OpsError) and cls is not errors.OpsError:
             assert re.search(rf"^\| {cls.exit_code} \|.*`{cls.__name__}`", table, re.M), cls.__name__
-    from opsctl.cli_deploy import DEPLOY_EXIT_CODES
+    from opsctl.cli.deploy import DEPLOY_EXIT_CODES
 
     for code in (0, 1, 2, 11, 12, 13, 14, 15, 16, 20, 30, 31):
         assert re.search(rf"\b{code} ", DEPLOY_EXIT_CODES), code
@@ -411,9 +411,9 @@ def test_an_unexpected_error_is_one_line_without_debug(tmp_path: Path) -> None:
     inv = tmp_path / "inv.yaml"
     inv.write_text("hosts:\n  a: {address: 127.0.0.1}\n")
     code = (
-        "import sys, opsctl.cli as c\n"
+        "import sys, opsctl.cli as c, opsctl.cli.hosts as h\n"
         "def boom(*a, **k): raise RuntimeError('library exploded')\n"
-        "c.ping_many = boom\n"
+        "h.ping_many = boom\n"
         "sys.exit(c.main(sys.argv[1:]))\n"
     )
     proc = subprocess.run(
@@ -470,12 +470,12 @@ def test_long_steps_report_elapsed_time_and_the_last_log_line(tmp_path: Path) ->
 
 
 def test_log_lines_are_not_wrapped(monkeypatch: pytest.MonkeyPatch) -> None:
-    from opsctl import cli
+    from opsctl.cli import testbed as cli_testbed
 
     buf = io.StringIO()
     monkeypatch.setattr(cli_common, "err", Console(file=buf, width=60))
     path = "/var/cache/opsctl-testbed/rootfs-8d43053c9d1534ec.build.log"
-    cli._log_line(f"debootstrap bookworm (minbase) -> /var/cache/x (log: {path})")
+    cli_testbed._log_line(f"debootstrap bookworm (minbase) -> /var/cache/x (log: {path})")
     assert f"(log: {path})" in buf.getvalue().splitlines()[0]
 
 

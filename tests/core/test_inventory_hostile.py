@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from opsctl import alerts, unit
-from opsctl.cli_common import to_jsonable
+from opsctl.cli.common import to_jsonable
 from opsctl.errors import InventoryError
 from opsctl.health import health_url
 from opsctl.inventory import load, parse

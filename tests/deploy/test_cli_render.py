@@ -6,7 +6,8 @@ import json
 import pytest
 from rich.console import Console
 
-from opsctl import cli_deploy, hostinfo
+from opsctl import hostinfo
+from opsctl.cli import deploy as cli_deploy
 from opsctl.inventory import HostConfig
 
 SHAPES = "[kdtree] shapes q=(9, 8, 576) kv_buf=(195012, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=21 scale=0.14468 mask=(270,)"

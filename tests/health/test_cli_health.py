@@ -10,18 +10,20 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from opsctl import cli_health, schedule
+from opsctl import schedule
+from opsctl.cli import health as cli_health
 
 
 def app() -> typer.Typer:
-    """A bare app with only these commands (opsctl.cli registers them the same way)."""
+    """A bare app with only these commands (opsctl.cli.main adds them the same way)."""
     root = typer.Typer()
 
     @root.callback()
     def main() -> None:
         """opsctl stand-in."""
 
-    cli_health.register(root)
+    root.add_typer(cli_health.app)
+    root.add_typer(cli_health.schedule_app, name="schedule")
     return root
 
 

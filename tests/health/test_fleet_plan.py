@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from opsctl.cli_render import render_report, summary_line
+from opsctl.cli.render import render_report, summary_line
 from opsctl.errors import HostUnreachable, OpsError, UsageError
 from opsctl.fleet import (
     HostOutcome,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from opsctl.cli_render import details, render_prometheus, render_table, to_json
+from opsctl.cli.render import details, render_prometheus, render_table, to_json
 from opsctl.health import (
     HealthHistory,
     HostFacts,

@@ -11,8 +11,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from .fleet import Outcome, RolloutReport
-from .health import CHECK_NAMES, HostHealth, Level, exit_code
+from ..fleet import Outcome, RolloutReport
+from ..health import CHECK_NAMES, HostHealth, Level, exit_code
 
 # ----------------------------------------------------------------------------------------------------------------
 # Health

@@ -37,10 +37,10 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import InventoryError, OpsError, UsageError
-from .inventory import ENV_VAR, HostConfig, Inventory
-from .inventory import default_path as inventory_path
-from .inventory import load as load_inventory
+from ..errors import InventoryError, OpsError, UsageError
+from ..inventory import ENV_VAR, HostConfig, Inventory
+from ..inventory import default_path as inventory_path
+from ..inventory import load as load_inventory
 
 # Piped output (logs, CI) is not cut to 80 columns; a terminal keeps its own width.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
@@ -100,7 +100,7 @@ def inventory(path: Path | str | None = None, *, accept_new_host_key: bool = Fal
 
 def _testbed_down_message(path: Path) -> str | None:
     """A missing inventory.yaml of a testbed directory means that testbed is down: say so and how to boot it."""
-    from .testbed import DEFAULT_STATE_DIR, STATE_ENV, Testbed
+    from ..testbed import DEFAULT_STATE_DIR, STATE_ENV, Testbed
 
     state_dir = path.absolute().parent
     ours = Testbed().state_dir

@@ -22,11 +22,10 @@ from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TaskID,
 from rich.table import Table
 from rich.text import Text
 
-from . import cli_common as common
-from . import cli_render, fleet, hostinfo
-from . import deploy as pipeline
-from . import hoststate as hs
-from .errors import (
+from .. import deploy as pipeline
+from .. import fleet, hostinfo
+from .. import hoststate as hs
+from ..errors import (
     EXIT_LOCK_HELD,
     EXIT_NOT_CONFIRMED,
     EXIT_UNIT_INACTIVE,
@@ -36,12 +35,14 @@ from .errors import (
     SshError,
     UsageError,
 )
-from .gate import classify
-from .host import journal as journal_commands
-from .inventory import HostConfig
-from .journal import message_text
-from .parity import OtherKdtreeLine, ParityLine, ShapesLine, parse_line
-from .release import default_tree
+from ..gate import classify
+from ..host import journal as journal_commands
+from ..inventory import HostConfig
+from ..journal import message_text
+from ..parity import OtherKdtreeLine, ParityLine, ShapesLine, parse_line
+from ..release import default_tree
+from . import common
+from . import render as cli_render
 
 console = common.out
 VERDICT_STYLE = {
@@ -795,13 +796,13 @@ def lock_command(
 _bounded = common.bounded
 
 
-def register(app: typer.Typer) -> None:
-    app.command("deploy", epilog=DEPLOY_EXIT_CODES)(_bounded(deploy_command))
-    app.command("restart")(_bounded(restart_command))
-    app.command("rollback")(_bounded(rollback_command))
-    app.command("adopt")(_bounded(adopt_command))
-    app.command("service")(_bounded(service_command))
-    app.command("releases")(_bounded(releases_command))
-    app.command("status")(_bounded(status_command))
-    app.command("logs")(_bounded(logs_command))
-    app.command("lock")(_bounded(lock_command))
+app = typer.Typer()
+app.command("deploy", epilog=DEPLOY_EXIT_CODES)(_bounded(deploy_command))
+app.command("restart")(_bounded(restart_command))
+app.command("rollback")(_bounded(rollback_command))
+app.command("adopt")(_bounded(adopt_command))
+app.command("service")(_bounded(service_command))
+app.command("releases")(_bounded(releases_command))
+app.command("status")(_bounded(status_command))
+app.command("logs")(_bounded(logs_command))
+app.command("lock")(_bounded(lock_command))

@@ -11,12 +11,11 @@ from typing import Annotated
 
 import typer
 
-from . import alerts, schedule
-from . import cli_common as common
-from . import cli_render as render
-from . import health as hl
-from . import inventory as inv
-from .errors import OpsError, UsageError
+from .. import alerts, schedule
+from .. import health as hl
+from .. import inventory as inv
+from ..errors import OpsError, UsageError
+from . import common, render
 
 console = common.out
 err_console = common.err
@@ -95,7 +94,7 @@ def health_command(
 
 def _rollback(hosts: list[inv.HostConfig], run: hl.HealthRun, quiet: bool) -> list[dict[str, object]]:
     """Roll back each host whose release checks are CRIT, one at a time, through the single-host pipeline."""
-    from . import deploy as pipeline
+    from .. import deploy as pipeline
 
     by_name = {h.name: h for h in hosts}
     out: list[dict[str, object]] = []
@@ -199,6 +198,5 @@ def schedule_status(
         console.print(f"  {host}: {str(rec.get('status', '?')).upper()} at {time.ctime(rec.get('checked_at', 0))}")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("health")(common.bounded(health_command))
-    app.add_typer(schedule_app, name="schedule")
+app = typer.Typer()
+app.command("health")(common.bounded(health_command))

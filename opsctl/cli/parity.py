@@ -10,15 +10,15 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from . import cli_common as common
-from .errors import GateFailed, UsageError
-from .gate import LineVerdict
-from .inventory import GateSettings
-from .parity_check import ParityCheck, check_journal
+from ..errors import GateFailed, UsageError
+from ..gate import LineVerdict
+from ..inventory import GateSettings
+from ..parity_check import ParityCheck, check_journal
+from . import common
 
 STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "IGNORED": "dim", "NODATA": "red"}
 
-parity_app = typer.Typer(
+app = typer.Typer(
     help="Parity lines outside a deploy: check a journal offline, replay stored captures.", no_args_is_help=True
 )
 
@@ -72,7 +72,7 @@ def _print(check: ParityCheck) -> None:
     )
 
 
-@parity_app.command("check")
+@app.command("check")
 @common.bounded
 def check(
     source: Annotated[str, typer.Argument(help="Journal text to read (any journalctl -o format), or - for stdin.")],
@@ -108,7 +108,7 @@ def check(
         raise typer.Exit(code=GateFailed.exit_code)
 
 
-@parity_app.command("replay")
+@app.command("replay")
 @common.bounded
 def replay(
     host: common.HostArg = None,
@@ -119,10 +119,6 @@ def replay(
 ) -> None:
     """Replay the captures stored on HOST (opsctl capture) with release R there, without deploying; judge the lines
     with the gate's rules. Exit 0 only on PASS (docs/capture.md)."""
-    from .cli_capture import parity_replay
+    from .capture import parity_replay
 
     parity_replay(host, release, json_out)
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(parity_app, name="parity")

@@ -1,0 +1,256 @@
+"""``opsctl capture HOST``, ``opsctl captures HOST`` and the body of ``opsctl parity replay HOST`` (docs/capture.md).
+
+Thin over opsctl/captures.py: options, progress, rendering, exit codes.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .. import captures as cap
+from ..errors import GateFailed
+from ..gate import Verdict
+from ..hoststate import new_parity_token
+from ..inventory import HostConfig
+from . import common
+
+STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "IGNORED": "dim", "NODATA": "red"}
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+def _who() -> str:
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except (OSError, KeyError):
+        return "?"
+
+
+def _limits(keep: int | None, keep_mb: float | None, max_age_days: float | None) -> cap.PruneLimits:
+    base = cap.PruneLimits()
+    return cap.PruneLimits(
+        keep=base.keep if keep is None else keep,
+        max_bytes=base.max_bytes if keep_mb is None else int(keep_mb * 2**20),
+        max_age_s=base.max_age_s if max_age_days is None else max_age_days * 86400,
+    )
+
+
+class _Progress:
+    """One stderr line whenever the stored calls or finished ranks change (and every 10 s while waiting)."""
+
+    def __init__(self, host: HostConfig, capture_id: str) -> None:
+        self.host, self.id = host, capture_id
+        self.last: tuple[int, int, int] | None = None
+        self.last_at = 0.0
+
+    def __call__(self, current: cap.CaptureSet | None, elapsed: float) -> None:
+        calls = len(current.calls) if current else 0
+        done = len(current.done) if current else 0
+        size = current.bytes if current else 0
+        key = (calls, done, size)
+        if key == self.last and elapsed - self.last_at < 10:
+            return
+        self.last, self.last_at = key, elapsed
+        common.err.print(
+            f"[dim]capture {self.id}: {calls} call(s) stored, {_mb(size)}, "
+            f"{done}/{self.host.service.tp} TP rank(s) finished [{elapsed:.0f}s][/]",
+            soft_wrap=True,
+        )
+
+
+def _calls_table(capture: cap.CaptureSet) -> Table:
+    table = Table(title=f"capture {capture.id}", title_justify="left")
+    for col in ("tp", "layer", "step", "bs", "size", "release"):
+        table.add_column(col)
+    for c in capture.calls:
+        table.add_row(str(c.tp), str(c.layer), str(c.step), str(c.bs or "-"), _mb(c.bytes), escape(c.release))
+    return table
+
+
+app = typer.Typer()
+
+
+@app.command()
+@common.bounded
+def capture(
+    host: common.HostArg = None,
+    layers: Annotated[str, typer.Option("--layers", help="Layer ids to capture, e.g. 0,30,60.")] = ",".join(
+        map(str, cap.DEFAULT_LAYERS)
+    ),
+    steps: Annotated[
+        int, typer.Option("--steps", min=1, max=cap.MAX_STEPS, help="Verify steps to capture per TP rank.")
+    ] = cap.DEFAULT_STEPS,
+    max_mb: Annotated[
+        float, typer.Option("--max-mb", help="Most MB the capture may store (all TP ranks together).")
+    ] = cap.DEFAULT_MAX_MB,
+    ttl: Annotated[
+        float, typer.Option("--ttl", help="Seconds the request stays armed on the host (its clock).")
+    ] = cap.DEFAULT_TTL_S,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Seconds to wait for every TP rank (default: --ttl).")
+    ] = None,
+    inventory: common.InventoryOption = None,
+    json_out: common.JsonOption = False,
+) -> None:
+    """Arm a capture of the next verify calls on HOST, wait until every TP rank has stored them, report.
+
+    The files stay on the host (root only, 0600) and expire. `opsctl captures HOST` lists them;
+    `opsctl parity replay HOST --release R` replays them."""
+    layer_ids = cap.parse_layers(layers)
+    hc = common.pick_host(common.inventory(inventory), host, "capture")
+
+    def pruned_one(ident: str, why: str) -> None:
+        common.err.print(f"[dim]pruned capture {ident} ({escape(why)})[/]", soft_wrap=True)
+
+    def armed(request: dict[str, Any]) -> cap.Progress:
+        common.err.print(
+            f"[dim]armed capture {request['id']} on {hc.name}: layers {list(layer_ids)}, {steps} step(s), "
+            f"<= {max_mb:g} MB ({_mb(request['max_bytes'])} per TP rank), expires in {ttl:g}s[/]",
+            soft_wrap=True,
+        )
+        return _Progress(hc, request["id"])
+
+    run = cap.take_capture(
+        hc,
+        layers=layer_ids,
+        steps=steps,
+        max_mb=max_mb,
+        ttl_s=ttl,
+        timeout_s=ttl if timeout is None else timeout,
+        by=_who(),
+        on_pruned=pruned_one,
+        on_armed=armed,
+    )
+    result, pruned, elapsed = run.result, run.pruned, run.elapsed_s
+    problem = cap.outcome_problem(result, hc.service.tp)
+    if json_out:
+        common.emit_json(
+            {
+                "host": hc.name,
+                "directory": f"{cap.capture_dir(hc)}/{result.id}",
+                "elapsed_s": round(elapsed, 2),
+                "pruned": [{"id": i, "why": w} for i, w in pruned],
+                **result.to_json(time.time()),
+                "problem": problem,
+            }
+        )
+    else:
+        common.out.print(_calls_table(result))
+        reasons = ", ".join(f"TP{d.tp} {d.reason}" for d in sorted(result.done.values(), key=lambda d: d.tp))
+        common.out.print(
+            f"{hc.name}: capture {result.id}: {len(result.calls)} call(s), {_mb(result.bytes)} in "
+            f"{cap.capture_dir(hc)}/{result.id} (release {', '.join(result.releases) or '?'}; {reasons}) "
+            f"[{elapsed:.1f}s]",
+            soft_wrap=True,
+        )
+    if problem and json_out:
+        raise typer.Exit(cap.CaptureFailed.exit_code)  # the JSON above says why
+    if problem:
+        raise cap.CaptureFailed(f"{hc.name}: {problem}")
+
+
+@app.command()
+@common.bounded
+def captures(
+    host: common.HostArg = None,
+    prune: Annotated[
+        bool, typer.Option("--prune", help="Remove old captures (see --keep, --keep-mb, --max-age-days).")
+    ] = False,
+    keep: Annotated[
+        int | None, typer.Option("--keep", min=0, help=f"Captures to keep (default {cap.DEFAULT_KEEP}).")
+    ] = None,
+    keep_mb: Annotated[
+        float | None, typer.Option("--keep-mb", min=0, help=f"MB to keep in all (default {cap.DEFAULT_KEEP_MB}).")
+    ] = None,
+    max_age_days: Annotated[
+        float | None,
+        typer.Option("--max-age-days", min=0, help=f"Older captures go (default {cap.DEFAULT_MAX_AGE_S // 86400})."),
+    ] = None,
+    inventory: common.InventoryOption = None,
+    json_out: common.JsonOption = False,
+) -> None:
+    """List the captures stored on HOST (age, release, size); with --prune remove old ones."""
+    hc = common.pick_host(common.inventory(inventory), host, "captures")
+    limits = _limits(keep, keep_mb, max_age_days)
+    listing, doomed = cap.list_captures(hc, limits if prune else None)
+    gone = {ident for ident, _ in doomed}
+    remaining = [s for s in listing.sets if s.id not in gone]
+    if json_out:
+        common.emit_json(
+            {
+                "host": hc.name,
+                "directory": listing.directory,
+                "armed": listing.armed_id,
+                "captures": [s.to_json(listing.now) for s in remaining],
+                "pruned": [{"id": i, "why": w} for i, w in doomed],
+            }
+        )
+        return
+    for ident, why in doomed:
+        common.out.print(f"pruned {ident} ({escape(why)})", soft_wrap=True)
+    if not remaining:
+        common.out.print(f"{hc.name}: no captures in {listing.directory or cap.capture_dir(hc)}")
+        return
+    table = Table(title=f"{hc.name}: {listing.directory}", title_justify="left")
+    for col in ("capture", "age", "release", "TP ranks done", "calls", "layers", "size", "state"):
+        table.add_column(col)
+    for s in sorted(remaining, key=lambda s: s.created, reverse=True):
+        state = "armed" if s.id == listing.armed_id else ("complete" if s.complete(hc.service.tp) else "incomplete")
+        if s.partial:
+            state += f" ({s.partial} writing)"
+        table.add_row(
+            s.id,
+            cap.age_text(s.age_s(listing.now)),
+            escape(", ".join(s.releases) or "?"),
+            f"{len(s.done)}/{hc.service.tp}",
+            str(len(s.calls)),
+            ",".join(str(x) for x in sorted({c.layer for c in s.calls})) or "-",
+            _mb(s.bytes),
+            state,
+        )
+    common.out.print(table)
+
+
+def parity_replay(host_name: str | None, release: str, json_out: bool, inventory: Any = None) -> None:
+    """``opsctl parity replay HOST --release R``: replay every stored capture with release R on the host (no
+    deploy, nothing switched) and judge the lines with the gate's rules. Exit 0 on PASS, 31 otherwise."""
+    host = common.pick_host(common.inventory(inventory), host_name, "parity replay")
+    token = new_parity_token()
+    run = cap.replay_release(host, release, token)
+    release_id, result, elapsed = run.release, run.judgement, run.elapsed_s
+    if json_out:
+        common.emit_json({"host": host.name, "release": release_id, "elapsed_s": round(elapsed, 2), **result.to_json()})
+    else:
+        for j in result.judgements:
+            v = str(j.verdict)
+            where = j.line.where if j.line else ""
+            capture_id = j.line.extra.get("capture", "") if j.line else ""
+            vs = j.line.extra.get("vs_running", "?") if j.line else "?"
+            common.out.print(
+                f"[{STYLE.get(v, '')}]{v}[/] {where} {escape(capture_id)}: {escape(j.reason)} (vs running release {vs})",
+                soft_wrap=True,
+            )
+        for line in run.stderr.splitlines():
+            if "skipped:" in line:
+                common.err.print(f"[red]{escape(line)}[/]", soft_wrap=True)
+        v = str(result.verdict)
+        common.out.print(
+            f"{host.name}: parity replay of {release_id} -> [{STYLE.get(v, '')}]{v}[/] ({escape(result.reason)}) "
+            f"[{elapsed:.1f}s]",
+            soft_wrap=True,
+        )
+    if result.verdict is not Verdict.PASS:
+        if json_out:  # the JSON above has the verdict and the reason
+            raise typer.Exit(cap.CaptureFailed.exit_code if result.verdict is Verdict.ERROR else GateFailed.exit_code)
+        if result.verdict is Verdict.ERROR:
+            raise cap.CaptureFailed(f"{host.name}: {result.reason}")
+        raise GateFailed(f"{host.name}: parity replay of {release_id} {result.verdict}: {result.reason}")
