@@ -406,9 +406,10 @@ def outcome_problem(capture: CaptureSet, tp: int) -> str | None:
     reasons = sorted({d.reason for d in capture.done.values()})
     hints = []
     for d in capture.done.values():
-        if d.reason == "cuda_graphs_unsupported":
+        if d.reason == "layers_not_in_graph":
             hints.append(
-                "the service runs verify inside CUDA graphs, where capture is not supported yet (docs/capture.md)"
+                "under CUDA graphs only the layers the graphs were captured with (the parity layers) can be captured: "
+                "pick --layers among them (docs/capture.md)"
             )
         elif d.reason == "max_bytes" and d.needed:
             hints.append(

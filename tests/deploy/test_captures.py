@@ -259,7 +259,7 @@ def test_outcome_problem_says_what_to_do() -> None:
     s = cap.CaptureSet(id="c20260601T120005Z-a1b2c3", mtime=0, bytes=0)
     s.done[0] = cap.RankDone(0, 0, 0, 0, "max_bytes", "r", 0.0, needed=3 * 2**20)
     assert "raise --max-mb above 24" in (cap.outcome_problem(s, 8) or "")
-    s.done[0] = cap.RankDone(0, 0, 0, 1, "cuda_graphs_unsupported", "r", 0.0)
-    assert "CUDA graphs" in (cap.outcome_problem(s, 8) or "")
+    s.done[0] = cap.RankDone(0, 0, 0, 1, "layers_not_in_graph", "r", 0.0)
+    assert "pick --layers among them" in (cap.outcome_problem(s, 8) or "")
     s.calls.append(cap.CallInfo("tp0-L0-s0", 0, 0, 0, 10, "r", 0.0))
     assert cap.outcome_problem(s, 8) is None
