@@ -406,7 +406,12 @@ def outcome_problem(capture: CaptureSet, tp: int) -> str | None:
     reasons = sorted({d.reason for d in capture.done.values()})
     hints = []
     for d in capture.done.values():
-        if d.reason == "layers_not_in_graph":
+        if d.reason == "graph_capture_off":
+            hints.append(
+                "the service runs verify inside CUDA graphs with capture.in_graphs false (deploy/kdtree.json): set it "
+                "true and restart to capture there (docs/capture.md)"
+            )
+        elif d.reason == "layers_not_in_graph":
             hints.append(
                 "under CUDA graphs only the layers the graphs were captured with (the parity layers) can be captured: "
                 "pick --layers among them (docs/capture.md)"

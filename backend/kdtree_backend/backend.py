@@ -75,6 +75,7 @@ class KdtreeAttnBackend(TritonAttnBackend):
                 heads=self.num_head,
                 parity=config.parity,
                 use_kernel=True,
+                capture_in_graphs=config.capture_in_graphs,
                 v_head_dim=self.v_head_dim,
                 # Each TP rank prints its own parity lines; the gate needs passing lines from every rank.
                 identity=ParityIdentity.from_env(tp=int(getattr(model_runner, "tp_rank", 0) or 0)),

@@ -690,7 +690,10 @@ class Capturer:
                 }
                 current = _Step(step, q_len, plan, shared, keys[:key_end], padding=padding)
                 if graph is not None:
-                    if slots is None or not self._begin_graph_step(current, graph, slots, tokens):
+                    if slots is None:  # the release runs with capture.in_graphs false: no slots in its graphs
+                        self.finish("graph_capture_off")
+                        return False
+                    if not self._begin_graph_step(current, graph, slots, tokens):
                         return False
                 self._step = current
             self.progress.steps += 1

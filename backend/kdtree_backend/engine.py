@@ -72,8 +72,10 @@ class VerifyEngine:
         sink: Callable[[str], None] = emit,
         identity: ParityIdentity | None = None,
         capturer: Capturer | None = None,
+        capture_in_graphs: bool = True,
     ) -> None:
         self.q_len = q_len
+        self.capture_in_graphs = capture_in_graphs
         self.identity = identity or ParityIdentity.from_env()
         # Capture of real verify calls (docs/capture.md), armed by <root>/state/capture/request.json.
         self.capturer = capturer or Capturer.from_environment(tp=self.identity.tp)
@@ -142,7 +144,7 @@ class VerifyEngine:
                 kv_dtype=kv_dtype or dtype,
                 device=device,
             )
-            if self.capturer.directory is not None and self.parity.layers
+            if self.capture_in_graphs and self.capturer.directory is not None and self.parity.layers
             else None,
         )
         self.max_prefix_len = max_context_len

@@ -323,14 +323,19 @@ def test_unarmed_check_reads_the_request_file_once_per_poll_interval(tmp_path: P
 
 
 def run_graph(
-    directory: Path | None, *, steps: int, layers: tuple[int, ...] = (0, 5), graph_layers: tuple[int, ...] = (0, 5)
+    directory: Path | None,
+    *,
+    steps: int,
+    layers: tuple[int, ...] = (0, 5),
+    graph_layers: tuple[int, ...] = (0, 5),
+    in_graphs: bool = True,
 ) -> tuple[list[dict[int, torch.Tensor]], list, Capturer, GraphServer]:
     """Steps under the CUDA-graph protocol (CPU emulation, reference path); ``graph_layers``: the capture layers
     (the parity layers, parity itself off). Returns the outputs per step and the batches."""
     capturer = Capturer(directory, release="rtest", tp=0, poll_s=0.0, log=lambda _: None)
     engine = VerifyEngine(
         q_len=9, heads=4, parity=ParityConfig(False, 1, graph_layers), use_kernel=False, sink=lambda _: None,
-        capturer=capturer,
+        capturer=capturer, capture_in_graphs=in_graphs,
     )  # fmt: skip
     template = make_verify_batch(bs=2, prefix=48, q_len=9, heads=4, layers=layers, seed=99)
     server = GraphServer(engine, template, max_context=64)
@@ -377,6 +382,17 @@ def test_unarmed_graph_replays_leave_the_capture_slots_untouched(tmp_path: Path)
     assert slots is not None and capturer.progress is None
     assert not bool(slots.flag.item()) and not slots.armed_on_device
     assert all(not bool(t.any()) for t in [*slots.q.values(), *slots.out.values(), *slots.drafts.values()])
+
+
+def test_graph_capture_switched_off_allocates_no_slots_and_says_so_at_once(tmp_path: Path) -> None:
+    directory = tmp_path / "capture"
+    arm(directory, layers=[0], steps=2)
+    outs, _, _, server = run_graph(directory, steps=2, in_graphs=False)
+    plain, _, _, _ = run_graph(None, steps=2)
+    assert server.engine.graph is not None and server.engine.graph.capture is None
+    assert all(torch.equal(a[layer], b[layer]) for a, b in zip(outs, plain, strict=True) for layer in (0, 5))
+    done = json.loads((directory / CAPTURE_ID / "tp0.done.json").read_text())
+    assert done["reason"] == "graph_capture_off" and done["calls"] == 0 and not find_calls(directory)
 
 
 def test_graph_mode_capture_of_layers_outside_the_capture_set_says_so(tmp_path: Path) -> None:

@@ -31,6 +31,12 @@ def test_env_overrides_take_precedence() -> None:
     assert config.use_kernel is False
 
 
+def test_capture_in_graphs_defaults_on_and_is_switched_by_file_or_env() -> None:
+    assert parse_config({}).capture_in_graphs is True
+    assert parse_config({"capture": {"in_graphs": False}}).capture_in_graphs is False
+    assert parse_config({"capture": {"in_graphs": True}}, {"KDTREE_CAPTURE_IN_GRAPHS": "0"}).capture_in_graphs is False
+
+
 def test_kdtree_config_env_points_at_a_file(tmp_path: Path) -> None:
     path = tmp_path / "k.json"
     path.write_text(json.dumps({"parity": {"every_n_steps": 3}, "replay": {"bs": 5, "tree": "chain"}}))
@@ -52,6 +58,7 @@ def test_missing_explicit_config_is_an_error(tmp_path: Path) -> None:
         ({"backend": {"attention_mode": "decode"}}, "backend.attention_mode"),
         ({"replay": {"dtype": "int8"}}, "replay.dtype"),
         ({"parity": []}, "'parity'"),
+        ({"capture": {"in_graphs": "sometimes"}}, "capture.in_graphs"),
     ],
 )
 def test_bad_values_name_the_field(data: dict, field: str) -> None:

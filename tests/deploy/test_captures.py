@@ -261,5 +261,7 @@ def test_outcome_problem_says_what_to_do() -> None:
     assert "raise --max-mb above 24" in (cap.outcome_problem(s, 8) or "")
     s.done[0] = cap.RankDone(0, 0, 0, 1, "layers_not_in_graph", "r", 0.0)
     assert "pick --layers among them" in (cap.outcome_problem(s, 8) or "")
+    s.done[0] = cap.RankDone(0, 0, 0, 1, "graph_capture_off", "r", 0.0)
+    assert "capture.in_graphs false" in (cap.outcome_problem(s, 8) or "")
     s.calls.append(cap.CallInfo("tp0-L0-s0", 0, 0, 0, 10, "r", 0.0))
     assert cap.outcome_problem(s, 8) is None
