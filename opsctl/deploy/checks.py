@@ -4,13 +4,13 @@ pre-restart parity (the host's captured traffic, then synthetic batches), judged
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from .. import captures
 from .. import hoststate as hs
 from ..errors import DeployFailed, GateFailed
 from ..gate import GateState, LineVerdict, Verdict
 from ..host import replay as replay_commands
+from ..host.remote import Remote
 from ..hoststate import Layout
 from ..inventory import HostConfig
 from ..parity import ParityLine
@@ -24,7 +24,7 @@ PARITY_EXIT_FAIL = 3
 EXT_SUBDIR = "kernel/build"
 
 
-def build(r: Any, host: HostConfig, layout: Layout, release: str) -> str:
+def build(r: Remote, host: HostConfig, layout: Layout, release: str) -> str:
     """Build the extension on the host for its GPU; returns the step's detail. A host without CUDA (and no
     gpu_arch in the inventory) runs the reference path."""
     rel = layout.release(release)
@@ -40,7 +40,7 @@ def build(r: Any, host: HostConfig, layout: Layout, release: str) -> str:
     raise DeployFailed(f"extension build failed (exit {res.rc}; log {rel}/build.log): {' | '.join(tail)}")
 
 
-def prerestart_parity(r: Any, host: HostConfig, layout: Layout, release: str, reporter: Reporter) -> str:
+def prerestart_parity(r: Remote, host: HostConfig, layout: Layout, release: str, reporter: Reporter) -> str:
     """Replay a few verify steps with the new release on the host (its GPU, when it has one) and judge the lines
     with the gate's own rules and a token of this run: a failing or malformed line fails it, passing lines
     (or inconclusive ones: the restart's gate is the stricter check) let the deploy go on."""
@@ -93,7 +93,7 @@ def prerestart_fail_reason(lines: list[tuple[ParityLine, str]], fail_rel: float,
     )
 
 
-def replay_captures(r: Any, host: HostConfig, release_dir: str, reporter: Reporter) -> str:
+def replay_captures(r: Remote, host: HostConfig, release_dir: str, reporter: Reporter) -> str:
     """Replay the verify calls captured on this host from its real traffic (``opsctl capture``; docs/capture.md)
     with the new release, judged by the gate's parser and rules (every line, every capturing rank). A failing or
     damaged one stops the deploy before the switch, as the synthetic check does. Returns the step's detail."""

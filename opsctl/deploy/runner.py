@@ -38,7 +38,7 @@ from .lease import LeaseKeeper, take_lock
 from .plan import DeployOptions
 from .report import NullReporter, Reporter, StepTimer
 from .result import DeployResult, DeployVerdict, HistoryRecord
-from .session import Connect, Session
+from .session import Connect, DeployRemote, Session
 from .signals import interruption, signals_held
 
 T = TypeVar("T")
@@ -100,7 +100,7 @@ class Run:
         return Layout(self.host.root)
 
     @property
-    def r(self) -> Any:
+    def r(self) -> DeployRemote:
         return self.session.r
 
     @property
@@ -108,7 +108,7 @@ class Run:
         """What was current when the command started."""
         return self.snap.current if self.snap is not None else None
 
-    def call(self, fn: Callable[[Any], T]) -> T:
+    def call(self, fn: Callable[[DeployRemote], T]) -> T:
         return self.session.call(fn)
 
     def record(self, record: HistoryRecord) -> None:

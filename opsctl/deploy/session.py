@@ -5,17 +5,34 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..errors import CommandFailed, CommandTimeout, SshError
+from ..host.remote import Remote
 from ..inventory import HostConfig
+
+if TYPE_CHECKING:
+    from ..ssh import RsyncStats  # the SSH layer (Paramiko) only for the type
 
 T = TypeVar("T")
 
-Connect = Callable[[HostConfig], contextlib.AbstractContextManager[Any]]
+
+class DeployRemote(Remote, Protocol):
+    """What the commands need from a session beyond running commands: the upload, and whether it still lives."""
+
+    def rsync(
+        self, local_dir: Path, remote_dir: str, *, link_dest: str | None = None, timeout: float | None = None
+    ) -> RsyncStats: ...
+
+    @property
+    def is_active(self) -> bool: ...
 
 
-def default_connect(host: HostConfig) -> contextlib.AbstractContextManager[Any]:
+Connect = Callable[[HostConfig], contextlib.AbstractContextManager[DeployRemote]]
+
+
+def default_connect(host: HostConfig) -> contextlib.AbstractContextManager[DeployRemote]:
     from ..ssh import connect
 
     return connect(host)
@@ -28,19 +45,20 @@ class Session:
         self.host = host
         self._connect = connect
         self._stack: contextlib.ExitStack | None = None
-        self._remote: Any = None
+        self._remote: DeployRemote | None = None
 
     @property
-    def r(self) -> Any:
+    def r(self) -> DeployRemote:
         if self._remote is not None and not getattr(self._remote, "is_active", True):
             self.drop()  # the connection died since the last command: open a new one instead of failing on it
         if self._remote is None:
             stack = contextlib.ExitStack()
-            self._remote = stack.enter_context(self._connect(self.host))
-            self._stack = stack
+            remote = stack.enter_context(self._connect(self.host))
+            self._remote, self._stack = remote, stack
+            return remote
         return self._remote
 
-    def call(self, fn: Callable[[Any], T]) -> T:
+    def call(self, fn: Callable[[DeployRemote], T]) -> T:
         """``fn(remote)``, reconnecting and retrying after an SSH drop (up to the host's gate.ssh_retries, with
         backoff). For short idempotent bookkeeping after a decision, so a drop cannot leave the host half-recorded
         and locked; a command that ran and failed (CommandFailed, CommandTimeout) is not retried."""

@@ -22,7 +22,7 @@ from .plan import DeployOptions, make_plan
 from .report import ParityRecorder, Reporter
 from .result import DeployResult, DeployVerdict, HistoryRecord
 from .runner import Concluded, Rejected, Run, Step, execute, lock_step
-from .session import Connect, default_connect
+from .session import Connect, DeployRemote, default_connect
 from .signals import interruptible
 from .steps import gate_or_reject_step, restart_step, snapshot, switch_step, unit_step
 
@@ -160,7 +160,7 @@ def _record_pass(manifest: Manifest) -> Step:
 
 def _cleanup(manifest: Manifest) -> Step:
     def run_(run: Run) -> str:
-        def remove(r: object) -> list[str]:
+        def remove(r: DeployRemote) -> list[str]:
             snap = hs.read_snapshot(r, run.host.root, run.host.unit)
             keep = [snap.current, snap.last_good, manifest.id, run.previous]
             doomed = hs.select_for_removal(snap.releases, run.host.keep_releases, keep)

@@ -5,13 +5,13 @@ Each factory returns a ``Step``; the commands (ship.py, restart.py, rollback.py,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from .. import hoststate as hs
 from .. import unit as unitmod
 from ..errors import DeployFailed
 from ..gate import GateState, Verdict
 from ..host import unit as unit_commands
+from ..host.remote import Remote
 from ..hoststate import HostSnapshot, Layout
 from ..inventory import HostConfig
 from .result import DeployVerdict, HistoryRecord
@@ -21,12 +21,12 @@ from .watch import restart_unit, run_gate
 # ------------------------------------------------------------------------------------------------ host acts
 
 
-def read_unit_text(r: Any, host: HostConfig) -> str | None:
+def read_unit_text(r: Remote, host: HostConfig) -> str | None:
     res = r.run(unit_commands.read_unit_file_command(host.unit), timeout=60, check=False)
     return res.stdout if res.rc == 0 else None
 
 
-def install_unit_for(r: Any, host: HostConfig, layout: Layout, release: str) -> bool:
+def install_unit_for(r: Remote, host: HostConfig, layout: Layout, release: str) -> bool:
     """Install the unit stored with a release (rendered at its deploy, or the hand-made one for release zero)."""
     text = r.read_file(f"{layout.release(release)}/unit.service").decode()
     changed = unitmod.install(r, host, text, read_unit_text(r, host))

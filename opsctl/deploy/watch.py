@@ -6,13 +6,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
 
 from .. import hoststate as hs
 from ..errors import DeployFailed, SshError
 from ..gate import GateState, LineVerdict, judge
 from ..host import unit as unit_commands
 from ..host.journal import mark_command
+from ..host.remote import Remote
 from ..hoststate import Layout
 from ..inventory import HostConfig
 from ..journal import Follower, Mark, parse_mark
@@ -20,11 +20,11 @@ from .report import Reporter
 from .session import Session
 
 
-def _mark(r: Any, host: HostConfig) -> Mark:
+def _mark(r: Remote, host: HostConfig) -> Mark:
     return parse_mark(r.run(mark_command(host.unit), timeout=60).stdout)
 
 
-def restart_unit(r: Any, host: HostConfig) -> Mark:
+def restart_unit(r: Remote, host: HostConfig) -> Mark:
     """Record the journal position + old invocation, hand the next invocation a fresh parity token, restart, and
     read the restart counter baseline.
 
