@@ -5,10 +5,16 @@
 #include <torch/extension.h>
 
 #include <optional>
+#include <string>
 
 #include "verify_attention.h"
 
 namespace {
+
+// Messages are built with std::to_string, never by streaming a number into TORCH_CHECK: on the H200 machine
+// (torch 2.11) a failed check whose message streams an integer killed the process with SIGSEGV instead of raising
+// (kernel/bench/probe_binding_checks.py; the same checks with std::to_string raise a RuntimeError).
+std::string num(int64_t v) { return std::to_string(v); }
 
 void check_cuda(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
@@ -32,8 +38,8 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
               "q must be bf16 [T, H, 576] with a contiguous last dim");
   check_cuda(kv_buffer, "kv_buffer");
   const bool fp8 = kv_buffer.scalar_type() == at::kFloat8_e4m3fn;
-  TORCH_CHECK(kv_buffer.scalar_type() == at::kBFloat16 || fp8, "kv_buffer must be bf16 or float8_e4m3fn, got ",
-              kv_buffer.scalar_type());
+  TORCH_CHECK(kv_buffer.scalar_type() == at::kBFloat16 || fp8,
+              std::string("kv_buffer must be bf16 or float8_e4m3fn, got ") + c10::toString(kv_buffer.scalar_type()));
   // 16-byte cp.async pieces: the pool's base and row stride must keep every row 16-byte aligned.
   TORCH_CHECK(reinterpret_cast<uintptr_t>(kv_buffer.data_ptr()) % 16 == 0 &&
                   (kv_buffer.stride(0) * kv_buffer.element_size()) % 16 == 0,
@@ -48,13 +54,13 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
   TORCH_CHECK(kv_indices.dim() == 1 && kv_indices.is_contiguous() &&
                   (kv_indices.scalar_type() == at::kInt || kv_indices.scalar_type() == at::kLong),
               "kv_indices must be a contiguous int32 or int64 vector");
-  TORCH_CHECK(sm_scale > 0.0, "sm_scale must be positive, got ", sm_scale);
+  TORCH_CHECK(sm_scale > 0.0, "sm_scale must be positive, got " + std::to_string(sm_scale));
   const int64_t tokens = q.size(0);
   const int64_t heads = q.size(1);
   const int64_t bs = qo_indptr.size(0) - 1;
   TORCH_CHECK(kv_indptr.size(0) == bs + 1, "kv_indptr and qo_indptr must both have bs + 1 entries");
-  TORCH_CHECK(q_len >= 1 && q_len <= kdtree::kMaxQLen, "q_len must be in [1, ", kdtree::kMaxQLen, "]");
-  TORCH_CHECK(tokens == bs * q_len, "q has ", tokens, " tokens, expected bs * q_len = ", bs * q_len);
+  TORCH_CHECK(q_len >= 1 && q_len <= kdtree::kMaxQLen, "q_len must be in [1, " + num(kdtree::kMaxQLen) + "]");
+  TORCH_CHECK(tokens == bs * q_len, "q has " + num(tokens) + " tokens, expected bs * q_len = " + num(bs * q_len));
   check_cuda(draft_mask, "draft_mask");
   const int64_t words = (q_len + 63) / 64;
   TORCH_CHECK(draft_mask.scalar_type() == at::kLong && draft_mask.dim() == 2 && draft_mask.size(0) == tokens &&
@@ -78,7 +84,7 @@ void verify_attention_launch(const at::Tensor& q, const at::Tensor& kv_buffer, c
     check_cuda(*workspace, "workspace");
     const int64_t need = bs * splits * rows * kdtree::kPartialRowBytes;
     TORCH_CHECK(workspace->is_contiguous() && workspace->numel() * workspace->element_size() >= need,
-                "workspace too small: need ", need, " bytes");
+                "workspace too small: need " + num(need) + " bytes");
     TORCH_CHECK(reinterpret_cast<uintptr_t>(workspace->data_ptr()) % 16 == 0, "workspace must be 16-byte aligned");
     // bf16 partial rows, then the fp32 LSEs (4-byte aligned: 1024 bytes a row before them).
     part_o = workspace->data_ptr();
