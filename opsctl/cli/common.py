@@ -2,20 +2,21 @@
 loader, the default target, --json output, and the error boundary (an OpsError becomes one red line on stderr and
 its exit code; with --json also ``{"error": ..., "exit_code": ...}`` on stdout; a traceback only with --debug).
 
-A command module (opsctl/cli_<name>.py) looks like:
+A command module (opsctl/cli/<name>.py, added in main.py with ``app.add_typer(<name>.app)``) looks like:
 
-    from opsctl import cli_common as common
+    from . import common
 
-    def register(app: typer.Typer) -> None:
-        @app.command()
-        @common.bounded
-        def logs(target: common.TargetArg = None, inventory: common.InventoryOption = None,
-                 json_out: common.JsonOption = False) -> None:
-            inv = common.inventory(inventory)
-            hosts = inv.resolve(common.pick_target(inv, target, "logs"))
-            ...
-            if json_out:
-                common.emit_json([...])
+    app = typer.Typer()
+
+    @app.command()
+    @common.bounded
+    def logs(target: common.TargetArg = None, inventory: common.InventoryOption = None,
+             json_out: common.JsonOption = False) -> None:
+        inv = common.inventory(inventory)
+        hosts = inv.resolve(common.pick_target(inv, target, "logs"))
+        ...
+        if json_out:
+            common.emit_json([...])
 """
 
 from __future__ import annotations
