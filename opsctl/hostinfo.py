@@ -8,18 +8,19 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from . import hoststate as hs
 from .errors import OpsError, UsageError
 from .host import journal as journal_commands
 from .host import layout as layout_commands
 from .host import unit as unit_commands
+from .host.remote import Remote
 from .inventory import HostConfig
 from .parity import ParityLine, parse_line
 
 SERVICE_ACTIONS = ("start", "stop", "status")
-PARITY_LINES_SHOWN = 64
+T = TypeVar("T")
 _META_LINE = re.compile(r'\s*"(created_at|commit|dirty)":\s*(.*?),?\s*$')
 
 # ------------------------------------------------------------------------------------------------ commands (pure)
@@ -43,7 +44,7 @@ def parse_release_meta(text: str) -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------ reads (I/O)
 
 
-def _with_host(host: HostConfig, fn: Callable[[Any], Any]) -> Any:
+def _with_host(host: HostConfig, fn: Callable[[Remote], T]) -> T:
     from .ssh import connect  # the SSH stack only when a host is really contacted
 
     with connect(host) as r:
@@ -60,13 +61,12 @@ class ReleasesView:
 def read_releases(host: HostConfig) -> ReleasesView:
     layout = hs.Layout(host.root)
 
-    def gather(r: Any) -> ReleasesView:
+    def gather(r: Remote) -> ReleasesView:
         snap = hs.read_snapshot(r, host.root, host.unit)
         meta = r.run(layout_commands.release_meta_command(layout), timeout=60, check=False).stdout
         return ReleasesView(snap, hs.read_history(r, layout), parse_release_meta(meta))
 
-    result: ReleasesView = _with_host(host, gather)
-    return result
+    return _with_host(host, gather)
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,12 @@ class StatusView:
 def read_status(host: HostConfig) -> StatusView:
     layout = hs.Layout(host.root)
 
-    def gather(r: Any) -> StatusView:
+    def gather(r: Remote) -> StatusView:
         snap = hs.read_snapshot(r, host.root, host.unit)
         text = ""
         if snap.unit.invocation_id:
             text = r.run(
-                journal_commands.latest_parity_lines_command(snap.unit.invocation_id, PARITY_LINES_SHOWN),
+                journal_commands.latest_parity_lines_command(snap.unit.invocation_id),
                 timeout=60,
                 check=False,
             ).stdout
@@ -97,8 +97,7 @@ def read_status(host: HostConfig) -> StatusView:
         ]
         return StatusView(snap, hs.read_history(r, layout), parity)
 
-    result: StatusView = _with_host(host, gather)
-    return result
+    return _with_host(host, gather)
 
 
 @dataclass(frozen=True)
@@ -114,7 +113,7 @@ def service(host: HostConfig, action: str) -> ServiceOutcome:
     if action not in SERVICE_ACTIONS:
         raise UsageError(f"service action must be start, stop or status, not {action!r}")
 
-    def act(r: Any) -> ServiceOutcome:
+    def act(r: Remote) -> ServiceOutcome:
         if action == "status":
             res = r.run(unit_commands.status_argv(host.unit), check=False, timeout=60)
             return ServiceOutcome(action, "", res.stdout.rstrip(), res.rc)
@@ -122,8 +121,7 @@ def service(host: HostConfig, action: str) -> ServiceOutcome:
         state = r.run(unit_commands.action_argv("is-active", host.unit), check=False, timeout=60).stdout.strip()
         return ServiceOutcome(action, state)
 
-    result: ServiceOutcome = _with_host(host, act)
-    return result
+    return _with_host(host, act)
 
 
 def read_lock(host: HostConfig, *, break_it: bool = False) -> hs.HostSnapshot:
@@ -131,26 +129,27 @@ def read_lock(host: HostConfig, *, break_it: bool = False) -> hs.HostSnapshot:
     it and records a lock-break in the history."""
     layout = hs.Layout(host.root)
 
-    def act(r: Any) -> hs.HostSnapshot:
+    def act(r: Remote) -> hs.HostSnapshot:
         snap = hs.read_snapshot(r, host.root, host.unit)
         if break_it and snap.lock_present:
             hs.release_lock(r, layout, None)
             hs.append_history(r, layout, {"event": "lock-break", "owner": snap.lock_owner})
         return snap
 
-    result: hs.HostSnapshot = _with_host(host, act)
-    return result
+    return _with_host(host, act)
 
 
-def read_journal(host: HostConfig, remote: str, on_line: Callable[[str], None], *, follow: bool) -> None:
-    """Each line of ``host.journal.logs_command``'s output to ``on_line``; following, until Ctrl-C."""
+def read_journal(
+    host: HostConfig, on_line: Callable[[str], None], *, since: str | None, lines: int, follow: bool, kdtree_only: bool
+) -> None:
+    """Each line of the unit's journal (``host.journal.logs_command``, JSON lines) to ``on_line``; following,
+    until Ctrl-C."""
+    remote = journal_commands.logs_command(host.unit, since=since, lines=lines, follow=follow, kdtree_only=kdtree_only)
 
-    def act(r: Any) -> None:
+    def act(r: Remote) -> None:
         if follow:
-            try:
+            with contextlib.suppress(KeyboardInterrupt):
                 r.run(remote, timeout=10**8, check=False, on_output=on_line)
-            except KeyboardInterrupt:
-                return
             return
         res = r.run(remote, timeout=120, check=False)
         if res.rc not in (0, 1):  # grep exits 1 on no match

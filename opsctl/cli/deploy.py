@@ -36,7 +36,6 @@ from ..errors import (
     UsageError,
 )
 from ..gate import classify
-from ..host import journal as journal_commands
 from ..inventory import HostConfig
 from ..journal import message_text
 from ..parity import OtherKdtreeLine, ParityLine, ShapesLine, parse_line
@@ -640,11 +639,15 @@ def logs_command(
     h = _host(host, inventory_path, "logs")
     host = h.name
     matcher = _matcher(grep)
-    remote = journal_commands.logs_command(
-        h.unit, since=since, lines=lines, follow=follow, kdtree_only=grep in ("shapes", "parity")
-    )
     printer = _LogPrinter(h, as_json, stream=follow)
-    hostinfo.read_journal(h, remote, lambda line: printer.feed(line, matcher), follow=follow)
+    hostinfo.read_journal(
+        h,
+        lambda line: printer.feed(line, matcher),
+        since=since,
+        lines=lines,
+        follow=follow,
+        kdtree_only=grep in ("shapes", "parity"),
+    )
     printer.flush()
     if not printer.matched and not follow:
         window = f"since {since}" if since else f"in the last {lines} lines"

@@ -14,7 +14,6 @@ from .. import hoststate as hs
 from .. import unit as unitmod
 from ..errors import DeployFailed, GateFailed, LockHeld
 from ..host import layout as layout_commands
-from ..hoststate import LockOwner
 from ..inventory import HostConfig
 from ..release import Manifest, make_manifest, stage
 from . import checks
@@ -60,7 +59,8 @@ def _preflight(manifest: Manifest) -> Step:
 def _start_record(manifest: Manifest) -> Step:
     def run_(run: Run) -> None:
         hs.ensure_layout(run.r, run.layout, adopted=False)
-        owner = run.owner or LockOwner.mine("deploy")
+        owner = run.owner
+        assert owner is not None, "the start is recorded under the lock"
         run.record(
             HistoryRecord(
                 event="deploy-start",
