@@ -70,9 +70,12 @@ __host__ __device__ inline int request_keys(const VerifyParams& p, int b) {
 
 // Keys per KV chunk of a request with kv_len keys. A fixed chunk (planned for the worst-case prefix) or, with
 // chunk_keys == 0, kv_len spread over all `splits` chunks, so that a short request under a CUDA graph
-// captured for a long bound still uses the whole grid. Host and device agree through this one function.
+// captured for a long bound still uses the whole grid. A request longer than the planned bound (a graph
+// replayed with a prefix past the max_prefix_len it was captured for) is spread the same way: the grid's
+// chunks then still cover every key, where fixed chunks would silently leave the last keys out of the
+// softmax. Host and device agree through this one function.
 __host__ __device__ inline int chunk_for(const VerifyParams& p, int kv_len) {
-  if (p.chunk_keys > 0) return p.chunk_keys;
+  if (p.chunk_keys > 0 && static_cast<int64_t>(p.chunk_keys) * p.splits >= kv_len) return p.chunk_keys;
   const int even = (kv_len + p.splits - 1) / p.splits;
   const int aligned = (even + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
   return aligned > kChunkAlign ? aligned : kChunkAlign;

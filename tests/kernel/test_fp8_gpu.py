@@ -122,3 +122,13 @@ def test_fp8_cuda_graph_replay_matches_eager(bs: int, prefix: int, q_len: int, h
         torch.cuda.synchronize()
         assert torch.equal(got, out), f"replay {step} differs from eager"
         assert rel_error(got, case.reference(SM_SCALE)) <= REL_TOL
+
+
+def test_fp8_prefix_longer_than_planned_bound_keeps_every_key() -> None:
+    """The e4m3 kernel spreads its chunks over a request longer than the planned bound as the bf16 one does."""
+    case = make_case(1, 8192, 2, 8, seed=13, kv_dtype=FP8, kv_scale=1 / 32)
+    bound = 500
+    out = torch.full((2, 8, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    ws = torch.empty(max(1, workspace_size(1, 2, 8, bound, fp8=True)), dtype=torch.uint8, device="cuda")
+    case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, workspace=ws)
+    assert rel_error(out, case.reference(SM_SCALE)) <= REL_TOL

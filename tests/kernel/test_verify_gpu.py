@@ -143,6 +143,39 @@ def test_cuda_graph_replay_matches_eager(
         assert torch.allclose(got_lse, ref_lse, atol=2e-2, rtol=1e-3)
 
 
+@pytest.mark.parametrize(
+    ("bs", "prefix", "bound"),
+    [
+        (1, 8192, 1000),  # the bound's plan splits the keys: fixed chunks would end at ~1k of 8k keys
+        (64, 3000, 100),  # the bound's plan is one chunk per request: it would cover 128 of 3009 keys
+        (2, 20000, 0),  # a bound of no prefix at all
+    ],
+)
+def test_prefix_longer_than_planned_bound_keeps_every_key(bs: int, prefix: int, bound: int) -> None:
+    """A graph captured for a shorter max_prefix_len than a replayed request has: the chunks spread to cover
+    every key of the request (chunk_for in csrc/verify_attention.h), so the result is still the reference's."""
+    plan = launch_plan(bs, 9, 8, bound)
+    assert plan.splits * plan.chunk_keys < prefix + 9, "the planned fixed chunks must fall short of the keys"
+    case = make_case(bs, prefix, 9, 8, ragged=False, seed=bs + prefix)
+    t = bs * 9
+    out = torch.full((t, 8, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((t, 8), float("nan"), dtype=torch.float32, device="cuda")
+    ws = torch.empty(max(1, workspace_size(bs, 9, 8, bound)), dtype=torch.uint8, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, lse=lse, workspace=ws)
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, lse=lse, workspace=ws)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref, ref_lse = _reference(case)
+    assert rel_error(out, ref) <= REL_TOL
+    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3), f"lse max diff {(lse - ref_lse).abs().max():.3e}"
+
+
 def test_deterministic_across_calls() -> None:
     case = make_case(1, 20000, 9, 8, seed=9)
     first, _ = _run(case)
