@@ -19,8 +19,10 @@ def main() -> None:
     parser.add_argument("--q-len", type=int, default=9)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--fp8", action="store_true", help="an fp8 e4m3 pool (scale 1/32) instead of bf16")
     args = parser.parse_args()
-    case = make_case(args.bs, args.prefix, args.q_len, args.heads)
+    fp8 = {"kv_dtype": torch.float8_e4m3fn, "kv_scale": 1 / 32} if args.fp8 else {}
+    case = make_case(args.bs, args.prefix, args.q_len, args.heads, **fp8)
     for _ in range(args.calls):
         case.run_kernel(0.14468)
     torch.cuda.synchronize()

@@ -208,11 +208,11 @@ cudaError_t launch_combine(const VerifyParams& p, cudaStream_t stream) {
 int verify_smem_bytes(int row_groups, bool fp8) {
   switch (row_groups) {
     case 1:
-      return fp8 ? fp8mma::kSmemBytes : TileConfig<1, kStages>::kSmemBytes;
+      return fp8 ? fp8mma::kSmemBytes : TileConfig<1, stages_for(1)>::kSmemBytes;
     case 2:
-      return fp8 ? TileConfig<2, kStages, true>::kSmemBytes : TileConfig<2, kStages>::kSmemBytes;
+      return fp8 ? TileConfig<2, stages_for(2), true>::kSmemBytes : TileConfig<2, stages_for(2)>::kSmemBytes;
     case 3:
-      return fp8 ? TileConfig<3, kStages, true>::kSmemBytes : TileConfig<3, kStages>::kSmemBytes;
+      return fp8 ? TileConfig<3, stages_for(3), true>::kSmemBytes : TileConfig<3, stages_for(3)>::kSmemBytes;
     default:
       return 0;
   }

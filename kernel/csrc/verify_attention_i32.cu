@@ -15,12 +15,12 @@ VerifyKernelFn pick(int row_groups, bool split_schedulers, bool qmma) {
       if constexpr (kFp8) {
         return qmma ? verify_attention_kernel_fp8mma<int32_t, true> : verify_attention_kernel_fp8mma<int32_t, false>;
       }
-      return verify_attention_kernel<1, kStages, int32_t, false, false>;
+      return verify_attention_kernel<1, stages_for(1), int32_t, false, false>;
     case 2:
-      return verify_attention_kernel<2, kStages, int32_t, false, kFp8>;
+      return verify_attention_kernel<2, stages_for(2), int32_t, false, kFp8>;
     case 3:
-      return split_schedulers ? verify_attention_kernel<3, kStages, int32_t, true, kFp8>
-                              : verify_attention_kernel<3, kStages, int32_t, false, kFp8>;
+      return split_schedulers ? verify_attention_kernel<3, stages_for(3), int32_t, true, kFp8>
+                              : verify_attention_kernel<3, stages_for(3), int32_t, false, kFp8>;
     default:
       return nullptr;
   }

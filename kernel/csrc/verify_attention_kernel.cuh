@@ -26,7 +26,8 @@
 //
 // Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows swizzled, see swizzled_piece, so the
 // 8 row reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
-// STAGES - 2 tiles in flight as cp.async gathers (kStages = 4, one config for sm_90 and sm_120). The pool rows a
+// STAGES - 2 tiles in flight as cp.async gathers (stages_for: 4 for the 48-row block, 5 for the smaller ones, one
+// config for sm_90 and sm_120). The pool rows a
 // gather needs are staged STAGES - 2 steps earlier (cp.async into a ring), so no thread waits on an index load
 // before issuing its copies.
 #pragma once
@@ -143,11 +144,13 @@ struct TileConfig {
 // warps.
 template <int RG, bool kSplit>
 constexpr int launch_threads() {
-  return TileConfig<RG, kStages>::kThreads + (RG == 3 && kSplit ? 2 * 32 : 0);
+  return TileConfig<RG, stages_for(RG)>::kThreads + (RG == 3 && kSplit ? 2 * 32 : 0);
 }
 
-static_assert(TileConfig<kMaxRowGroups, kStages>::kSmemBytes <= 99 * 1024, "the widest block must fit sm_120's 99 KB");
-static_assert(TileConfig<kMaxRowGroups, kStages, true>::kSmemBytes <= 99 * 1024, "the fp8 block too");
+static_assert(TileConfig<1, stages_for(1)>::kSmemBytes <= 99 * 1024, "every block must fit sm_120's 99 KB");
+static_assert(TileConfig<2, stages_for(2)>::kSmemBytes <= 99 * 1024, "every block must fit sm_120's 99 KB");
+static_assert(TileConfig<3, stages_for(3)>::kSmemBytes <= 99 * 1024, "every block must fit sm_120's 99 KB");
+static_assert(TileConfig<kMaxRowGroups, stages_for(kMaxRowGroups), true>::kSmemBytes <= 99 * 1024, "the fp8 block too");
 static_assert(kValueBarrier > kMaxRowGroups && kValueBarrier < 16, "a barrier id of its own");
 
 // Gathers one tile's key rows (pool rows already staged in shared memory) with 16-byte cp.async. Issued by
