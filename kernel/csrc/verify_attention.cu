@@ -81,15 +81,19 @@ int threads_for(int row_groups, bool split_schedulers, bool fp8) {
 
 }  // namespace
 
-// Combine kernel shape: one block per (row, request) of 1, 2, 4 or 8 groups of 64 threads (8 of the 512 bf16
-// output columns each, one 16-byte load per chunk); group j takes every groups-th batch of up to kCombineBatch
-// chunks, with the batch's loads in flight together (one chunk in flight at a time made the combine the larger
-// part of a bs = 1 call). Idle groups cost large batches with 2-4 chunks, hence one group per 8 chunks, up to 8
-// (docs/kernel-notes.md).
+// Combine kernel shape: one block per (row, request, column part) of up to 512 threads in groups; a group covers
+// the part's columns (8 bf16 output columns a thread, one 16-byte load per chunk) and takes every groups-th batch
+// of up to kCombineBatch chunks, with the batch's loads in flight together (one chunk in flight at a time made
+// the combine the larger part of a bs = 1 call). Idle groups cost large batches with 2-4 chunks, hence one group
+// per 8 chunks. Past 128 chunks (only blocks of 16 rows or fewer split that far: bs = 1, 2) the row splits into 4
+// column parts of 16 threads a group, so that all of a row's chunks are in flight in one round instead of three or
+// four dependent L2 round trips, over 4 times the blocks (16 rows: 64 blocks). Between 65 and 128 chunks the
+// 72-row requests split (144 blocks of 2 parts would exceed one wave: 3-7% slower), so those keep two rounds
+// (kernel/bench/ab-h200.md AF).
 constexpr int kCombineColsPerThread = 8;
-constexpr int kCombineThreads = kValueDim / kCombineColsPerThread;  // threads of one group (64)
+constexpr int kCombineThreads = kValueDim / kCombineColsPerThread;  // threads covering a whole row (64)
 constexpr int kCombineBatch = 8;  // the widest batch
-constexpr int kCombineMaxGroups = 8;
+constexpr int kCombineMaxThreads = 512;
 
 // A running LSE-weighted sum of chunk partials: weights 2^(lse_s - max), rescaled whenever the maximum grows.
 struct CombineState {
@@ -127,15 +131,17 @@ struct CombineState {
 // previous form read every LSE first, one more dependent L2 round trip). Under KDTREE_PDL=combine|all it
 // launches as a programmatic dependent of the main kernel: everything up to griddep_wait (the request's sizes)
 // then overlaps the main kernel's last blocks.
-template <int kGroups, int kBatch>
-__global__ void __launch_bounds__(kCombineThreads * kGroups) verify_combine_kernel(const VerifyParams p) {
-  __shared__ float group_acc[kGroups > 1 ? kGroups - 1 : 1][kCombineColsPerThread][kCombineThreads];
+template <int kGroups, int kBatch, int kParts>
+__global__ void __launch_bounds__(kCombineThreads / kParts * kGroups) verify_combine_kernel(const VerifyParams p) {
+  constexpr int kGroupThreads = kCombineThreads / kParts;
+  __shared__ float group_acc[kGroups > 1 ? kGroups - 1 : 1][kCombineColsPerThread][kGroupThreads];
   __shared__ float group_total[kGroups > 1 ? kGroups - 1 : 1];
   __shared__ float group_max[kGroups > 1 ? kGroups - 1 : 1];
   const int r = blockIdx.x;
   const int b = blockIdx.y;
-  const int col = threadIdx.x % kCombineThreads;
-  const int group = threadIdx.x / kCombineThreads;
+  const int part_col = threadIdx.x % kGroupThreads;
+  const int col = blockIdx.z * kGroupThreads + part_col;  // 16-byte piece of the row
+  const int group = threadIdx.x / kGroupThreads;
   const int rows = p.q_len * p.heads;
   const int kv_len = request_keys(p, b);  // 0 (no live chunk: zeros, LSE -inf) for a malformed request
   const int chunk = chunk_for(p, kv_len);
@@ -170,19 +176,25 @@ __global__ void __launch_bounds__(kCombineThreads * kGroups) verify_combine_kern
   }
   if (group > 0) {
 #pragma unroll
-    for (int k = 0; k < kCombineColsPerThread; ++k) group_acc[group - 1][k][col] = st.acc[k];
-    if (col == 0) {
+    for (int k = 0; k < kCombineColsPerThread; ++k) group_acc[group - 1][k][part_col] = st.acc[k];
+    if (part_col == 0) {
       group_total[group - 1] = st.total;
       group_max[group - 1] = st.max_lse;
     }
   }
   __syncthreads();
   if (group > 0) return;
+  // The groups' maxima first, then their sums against it: independent terms, no chain of rescales.
+  float all_max = st.max_lse;
+#pragma unroll
+  for (int g = 0; g < kGroups - 1; ++g) all_max = fmaxf(all_max, group_max[g]);
+  st.raise_max(all_max);
+  const float base = st.max_lse == -INFINITY ? 0.f : st.max_lse;
 #pragma unroll
   for (int g = 0; g < kGroups - 1; ++g) {
-    const float w = st.raise_max(group_max[g]);
+    const float w = exp2f(group_max[g] - base);
 #pragma unroll
-    for (int k = 0; k < kCombineColsPerThread; ++k) st.acc[k] += w * group_acc[g][k][col];
+    for (int k = 0; k < kCombineColsPerThread; ++k) st.acc[k] += w * group_acc[g][k][part_col];
     st.total += w * group_total[g];
   }
   const float inv = st.total > 0.f ? 1.f / st.total : 0.f;
@@ -192,16 +204,17 @@ __global__ void __launch_bounds__(kCombineThreads * kGroups) verify_combine_kern
   packed.z = pack_bf16x2(st.acc[4] * inv, st.acc[5] * inv);
   packed.w = pack_bf16x2(st.acc[6] * inv, st.acc[7] * inv);
   reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + out_row * kValueDim)[col] = packed;
-  if (p.lse != nullptr && col == 0) {
+  if (p.lse != nullptr && col == 0) {  // part 0's first thread
     p.lse[out_row] = st.total > 0.f ? (st.max_lse + __log2f(st.total)) * kLn2 : -INFINITY;
   }
 }
 
 // Launches one combine kernel form (a programmatic dependent of the main kernel under KDTREE_PDL=combine|all).
-template <int kGroups, int kBatch>
+template <int kGroups, int kBatch, int kParts = 1>
 cudaError_t launch_combine(const VerifyParams& p, cudaStream_t stream) {
-  return launch_kernel(verify_combine_kernel<kGroups, kBatch>, dim3(p.q_len * p.heads, p.bs),
-                       dim3(kCombineThreads * kGroups), 0, stream,
+  static_assert(kCombineThreads / kParts * kGroups <= kCombineMaxThreads, "one block");
+  return launch_kernel(verify_combine_kernel<kGroups, kBatch, kParts>, dim3(p.q_len * p.heads, p.bs, kParts),
+                       dim3(kCombineThreads / kParts * kGroups), 0, stream,
                        pdl_use() == PdlUse::kCombine || pdl_use() == PdlUse::kAll, p);
 }
 
@@ -256,8 +269,10 @@ cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream) 
     err = launch_combine<2, kCombineBatch>(p, stream);
   } else if (p.splits <= 4 * kCombineBatch) {
     err = launch_combine<4, kCombineBatch>(p, stream);
+  } else if (p.splits <= 16 * kCombineBatch) {
+    err = launch_combine<8, kCombineBatch>(p, stream);  // 65-128 chunks: two rounds (see above)
   } else {
-    err = launch_combine<kCombineMaxGroups, kCombineBatch>(p, stream);
+    err = launch_combine<32, kCombineBatch, 4>(p, stream);  // up to 256 chunks (plan.MAX_SPLITS) in one round
   }
   return err;
 }
