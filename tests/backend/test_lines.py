@@ -31,7 +31,9 @@ def test_parity_line_is_the_design_example_plus_rank_and_token_and_parses() -> N
 
 
 def test_identity_reads_the_token_from_the_environment_and_drops_a_malformed_one() -> None:
-    assert ParityIdentity.from_env(2, {"KDTREE_PARITY_TOKEN": "ab12cd34ef56ab78"}) == ParityIdentity(2, "ab12cd34ef56ab78")
+    assert ParityIdentity.from_env(2, {"KDTREE_PARITY_TOKEN": "ab12cd34ef56ab78"}) == ParityIdentity(
+        2, "ab12cd34ef56ab78"
+    )
     assert ParityIdentity.from_env(0, {}).token is None
     # A token that would break the line's key=value fields is never printed.
     assert ParityIdentity.from_env(0, {"KDTREE_PARITY_TOKEN": "abc def rel=0"}).token is None

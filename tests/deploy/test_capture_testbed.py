@@ -73,7 +73,9 @@ def test_capture_list_replay_and_prune_on_a_testbed_host(testbed: Inventory, tmp
     bad_id = make_manifest(bad).id
     refused = opsctl(testbed, "deploy", HOST, "--src", str(bad), "--yes")
     assert refused.returncode == 31, refused.stdout + refused.stderr
-    assert re.search(rf"deploy {bad_id} -> FAIL \(pre-restart capture replay L0 TP\d rel=", refused.stdout), refused.stdout
+    assert re.search(rf"deploy {bad_id} -> FAIL \(pre-restart capture replay L0 TP\d rel=", refused.stdout), (
+        refused.stdout
+    )
     with connect(host) as r:
         assert r.run(f"readlink {host.root}/current").stdout.strip() == f"releases/{good_id}"  # never switched
     caught = opsctl(testbed, "parity", "replay", HOST, "--release", bad_id)

@@ -124,7 +124,9 @@ def test_lines_without_the_invocations_token_are_ignored_never_counted() -> None
     assert g.verdict is Verdict.PENDING and g.lines == 0
     assert "no token" in (g.ignored_reason(forged) or "") and "wrong token" in (g.ignored_reason(wrong) or "")
     # A failing line with a foreign token cannot fail the deploy either (no denial of service by forgery).
-    assert g.feed(parsed("[kdtree] L1 max_abs_diff=9 mean=9 rel=9 tp=0 token=0000000000000000"), 11) is LineVerdict.IGNORED
+    assert (
+        g.feed(parsed("[kdtree] L1 max_abs_diff=9 mean=9 rel=9 tp=0 token=0000000000000000"), 11) is LineVerdict.IGNORED
+    )
     g.tick(60)
     assert g.verdict is Verdict.NODATA and "ignored" in g.reason
     assert g.summary()["ignored"] == 21
