@@ -63,7 +63,10 @@ for stage in $stages; do
       # Kernel-only A/B: every source tree under .ab/ (saved kernel/csrc copies) against the working tree,
       # built side by side, then timed alternately (two rounds) by ab_kernel.py.
       pids=()
-      if ! ls kernel/build/*.so > /dev/null 2>&1; then  # the build stage may have made it already
+      # The build stage may have made it already; a build older than any source (kept from an earlier call on a
+      # warm machine) is stale and is rebuilt.
+      so=$(ls kernel/build/*.so 2> /dev/null | head -1)
+      if [ -z "$so" ] || [ -n "$(find kernel/csrc -newer "$so" -print -quit)" ]; then
         python3 deploy/build_extension.py --arch 9.0 --out kernel/build --log /tmp/build-new.log --timeout 420 --jobs 4 &
         pids+=($!)
       fi
