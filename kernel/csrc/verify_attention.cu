@@ -85,15 +85,16 @@ int threads_for(int row_groups, bool split_schedulers, bool fp8) {
 // the part's columns (8 bf16 output columns a thread, one 16-byte load per chunk) and takes every groups-th batch
 // of up to kCombineBatch chunks, with the batch's loads in flight together (one chunk in flight at a time made
 // the combine the larger part of a bs = 1 call). Idle groups cost large batches with 2-4 chunks, hence one group
-// per 8 chunks. Past 128 chunks (only blocks of 16 rows or fewer split that far: bs = 1, 2) the row splits into 4
-// column parts of 16 threads a group, so that all of a row's chunks are in flight in one round instead of three or
-// four dependent L2 round trips, over 4 times the blocks (16 rows: 64 blocks). Between 65 and 128 chunks the
-// 72-row requests split (144 blocks of 2 parts would exceed one wave: 3-7% slower), so those keep two rounds
+// per 8 chunks. Past 128 chunks (bs = 1 with one row block) a batch of at most 32 rows in all splits each row into
+// 4 column parts of 16 threads a group, so that all of a row's chunks are in flight in one round instead of three
+// or four dependent L2 round trips, over at most 128 blocks (one per SM, by registers: one wave on both GPUs).
+// More rows, or 65-128 chunks (72 rows: 144 blocks of 2 parts exceeded one wave, 3-7% slower), keep the rounds
 // (kernel/bench/ab-h200.md AF).
 constexpr int kCombineColsPerThread = 8;
 constexpr int kCombineThreads = kValueDim / kCombineColsPerThread;  // threads covering a whole row (64)
 constexpr int kCombineBatch = 8;  // the widest batch
 constexpr int kCombineMaxThreads = 512;
+constexpr int kCombinePartedRows = 32;  // the most rows (of the whole batch) whose combine runs in column parts
 
 // A running LSE-weighted sum of chunk partials: weights 2^(lse_s - max), rescaled whenever the maximum grows.
 struct CombineState {
@@ -269,8 +270,8 @@ cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream) 
     err = launch_combine<2, kCombineBatch>(p, stream);
   } else if (p.splits <= 4 * kCombineBatch) {
     err = launch_combine<4, kCombineBatch>(p, stream);
-  } else if (p.splits <= 16 * kCombineBatch) {
-    err = launch_combine<8, kCombineBatch>(p, stream);  // 65-128 chunks: two rounds (see above)
+  } else if (p.splits <= 16 * kCombineBatch || p.bs * p.q_len * p.heads > kCombinePartedRows) {
+    err = launch_combine<8, kCombineBatch>(p, stream);  // two or more rounds (see above)
   } else {
     err = launch_combine<32, kCombineBatch, 4>(p, stream);  // up to 256 chunks (plan.MAX_SPLITS) in one round
   }

@@ -27,9 +27,8 @@
 // Pipeline. STAGES shared-memory tiles of kBlockN keys x 576 dims (rows swizzled, see swizzled_piece, so the
 // 8 row reads of each ldmatrix hit distinct banks): tile it - 1 (value warps), tile it (score warps), and the next
 // STAGES - 2 tiles in flight as cp.async gathers (stages_for: 4 for the 48-row block, 5 for the smaller ones, one
-// config for sm_90 and sm_120). The pool rows a
-// gather needs are staged STAGES - 2 steps earlier (cp.async into a ring), so no thread waits on an index load
-// before issuing its copies.
+// config for sm_90 and sm_120). The pool rows a gather needs are staged STAGES - 2 steps earlier (cp.async into a
+// ring), so no thread waits on an index load before issuing its copies.
 #pragma once
 
 #include <cuda_bf16.h>
