@@ -593,7 +593,7 @@ class ReplayRun:
 
 def _release_dir(r: Remote, host: HostConfig, release: str) -> tuple[str, str]:
     """(release id, its directory on the host); 'current' is what the unit runs now."""
-    releases = f"{host.root}/releases"
+    releases = host_layout.Layout(host.root).releases
     if release == "current":
         res = r.run(host_layout.resolve_current_command(host.root), check=False, timeout=60)
         target = res.stdout.strip()

@@ -108,9 +108,9 @@ class ServiceOutcome:
     status_rc: int = 0
 
 
-def service(host: HostConfig, action: str) -> ServiceOutcome:
-    """Start, stop or show the unit (no gate)."""
-    if action not in SERVICE_ACTIONS:
+def service(host: HostConfig, action: str | None) -> ServiceOutcome:
+    """Start, stop or show the unit (no gate). An action left out or unknown is refused before connecting."""
+    if action is None or action not in SERVICE_ACTIONS:
         raise UsageError(f"service action must be start, stop or status, not {action!r}")
 
     def act(r: Remote) -> ServiceOutcome:

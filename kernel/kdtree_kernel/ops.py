@@ -168,8 +168,9 @@ def verify_attention(
 
     ``q_len`` (drafts per request, shared by the batch) and ``max_prefix_len`` (an upper bound on every
     request's prefix) fix the grid on the host; a request past the bound (a graph replayed with a longer prefix than
-    it was captured for) is still computed over all its keys, its chunks spread wider than planned. With ``out`` and ``workspace`` given (and ``max_prefix_len``)
-    the call neither allocates nor synchronises, so it can be captured in a CUDA graph. ``lse``, when given,
+    it was captured for) is still computed over all its keys, its chunks spread wider than planned. With ``out``
+    and ``workspace`` given (and ``max_prefix_len``) the call neither allocates nor synchronises, so it can be
+    captured in a CUDA graph. ``lse``, when given,
     receives the natural-log LSE [T, H] (float32). Without ``max_prefix_len`` the bound is read from
     ``kv_indptr`` (a host sync; refused while capturing).
 

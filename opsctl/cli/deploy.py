@@ -442,12 +442,10 @@ def service_command(
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Start, stop or show the service unit (no gate: use `restart` for a gated restart)."""
-    h, action = _host_and_action(host, action, ("start", "stop", "status"), inventory_path, "service")
+    h, action = _host_and_action(host, action, hostinfo.SERVICE_ACTIONS, inventory_path, "service")
     host = h.name
-    if action not in ("start", "stop", "status"):
-        raise UsageError(f"service action must be start, stop or status, not {action!r}")
     unit = h.unit + ".service"
-    done = hostinfo.service(h, action)
+    done = hostinfo.service(h, action)  # refuses an unknown action before connecting
     if action == "status":
         console.print(done.status_text, highlight=False, markup=False)
         raise typer.Exit(code=0 if done.status_rc == 0 else EXIT_UNIT_INACTIVE)
