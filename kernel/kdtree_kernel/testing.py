@@ -6,6 +6,7 @@ Used by the GPU tests and the benchmark so that both check the kernel on the sam
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -210,3 +211,17 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 __all__ = ["VALUE_DIM", "MaskKind", "VerifyCase", "ancestor_mask", "make_case", "rel_error", "tree_parents"]
+
+
+def capture_graph(call: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one ``call``, captured after one eager run on a side stream (module load, attribute setup
+    happen outside the capture), as a graph runner captures it. Replay it with ``.replay()``."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph

@@ -9,7 +9,7 @@ import zlib
 import pytest
 import torch
 from kdtree_kernel import extension_available, workspace_size
-from kdtree_kernel.testing import make_case, rel_error
+from kdtree_kernel.testing import capture_graph, make_case, rel_error
 
 pytestmark = [
     pytest.mark.gpu,
@@ -104,14 +104,7 @@ def test_fp8_cuda_graph_replay_matches_eager(bs: int, prefix: int, q_len: int, h
     def call() -> None:
         case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, workspace=ws)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph = capture_graph(call)
     for step in range(2):
         fresh = (torch.randn(case.kv_buffer.shape, device="cuda") * 32).to(FP8)
         case.kv_buffer.copy_(fresh)  # a new pool in place, as SGLang writes between replays

@@ -12,7 +12,7 @@ import pytest
 import torch
 from kdtree_kernel import extension_available, launch_plan, workspace_size
 from kdtree_kernel.inputs import MalformedKeys, key_lengths
-from kdtree_kernel.testing import make_case, rel_error
+from kdtree_kernel.testing import capture_graph, make_case, rel_error
 
 SM_SCALE = 0.14468
 GPU_MARKS = (
@@ -99,14 +99,7 @@ def test_malformed_request_under_capture_reads_nothing(bs: int, prefix: int, how
     def call() -> None:
         case.run_kernel(SM_SCALE, max_prefix_len=prefix, out=out, lse=lse, workspace=ws)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph = capture_graph(call)
     b = _break(case, how)
     out.fill_(float("nan"))
     lse.fill_(float("nan"))

@@ -12,7 +12,7 @@ from kdtree_kernel import (
     launch_plan,
     workspace_size,
 )
-from kdtree_kernel.testing import make_case, rel_error
+from kdtree_kernel.testing import capture_graph, make_case, rel_error
 
 pytestmark = [
     pytest.mark.gpu,
@@ -121,14 +121,7 @@ def test_cuda_graph_replay_matches_eager(
     def call() -> None:
         case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, lse=lse, workspace=ws)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()  # warm-up outside capture (module load, attribute setup)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph = capture_graph(call)
     for step in range(2):
         case.q.copy_(torch.randn_like(case.q))  # new inputs in place, as SGLang does between replays
         graph.replay()
@@ -161,14 +154,7 @@ def test_prefix_longer_than_planned_bound_keeps_every_key(bs: int, prefix: int, 
     out = torch.full((t, 8, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((t, 8), float("nan"), dtype=torch.float32, device="cuda")
     ws = torch.empty(max(1, workspace_size(bs, 9, 8, bound)), dtype=torch.uint8, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, lse=lse, workspace=ws)
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, lse=lse, workspace=ws)
+    graph = capture_graph(lambda: case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, lse=lse, workspace=ws))
     graph.replay()
     torch.cuda.synchronize()
     ref, ref_lse = _reference(case)
