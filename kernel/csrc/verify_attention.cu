@@ -88,12 +88,13 @@ int threads_for(int row_groups, bool split_schedulers, bool fp8) {
 // per 8 chunks. Past 128 chunks (bs = 1 with one row block) a batch of at most 32 rows in all splits each row into
 // 4 column parts of 16 threads a group, so that all of a row's chunks are in flight in one round instead of three
 // or four dependent L2 round trips, over at most 128 blocks (one per SM, by registers: one wave on both GPUs).
-// More rows, or 65-128 chunks (72 rows: 144 blocks of 2 parts exceeded one wave, 3-7% slower), keep the rounds
-// (kernel/bench/ab-h200.md AF).
+// More rows, or 65-128 chunks (72 rows: 144 blocks of 2 parts exceeded one wave, 3-7% slower), keep whole rows;
+// 65-96 chunks (bs = 1 with q_len 9 from 8k keys: 65) take 12 groups of 768 threads, one round instead of two
+// (2-3% faster at bs 1 x 8k / 32k; ab-h200.md AG), 97-128 chunks two rounds of 8 groups (kernel/bench/ab-h200.md AF).
 constexpr int kCombineColsPerThread = 8;
 constexpr int kCombineThreads = kValueDim / kCombineColsPerThread;  // threads covering a whole row (64)
 constexpr int kCombineBatch = 8;  // the widest batch
-constexpr int kCombineMaxThreads = 512;
+constexpr int kCombineMaxThreads = 768;
 constexpr int kCombinePartedRows = 32;  // the most rows (of the whole batch) whose combine runs in column parts
 
 // A running LSE-weighted sum of chunk partials: weights 2^(lse_s - max), rescaled whenever the maximum grows.
@@ -259,7 +260,7 @@ cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream) 
                       smem, stream, pdl_use() == PdlUse::kMain || pdl_use() == PdlUse::kAll, p);
   if (err != cudaSuccess || p.splits == 1) return err;
   // Few chunks (large batches): one group, a batch no wider than the chunks (registers, hence occupancy, of a
-  // memory-bound pass). Many (small batches): a group per 8 chunks, up to 8 groups.
+  // memory-bound pass). Many (small batches): a group per 8 chunks, up to 12 groups.
   if (p.splits <= 2) {
     err = launch_combine<1, 2>(p, stream);
   } else if (p.splits <= 4) {
@@ -270,6 +271,8 @@ cudaError_t launch_verify_attention(const VerifyParams& p, cudaStream_t stream) 
     err = launch_combine<2, kCombineBatch>(p, stream);
   } else if (p.splits <= 4 * kCombineBatch) {
     err = launch_combine<4, kCombineBatch>(p, stream);
+  } else if (p.splits <= 12 * kCombineBatch) {
+    err = launch_combine<12, kCombineBatch>(p, stream);  // one round
   } else if (p.splits <= 16 * kCombineBatch || p.bs * p.q_len * p.heads > kCombinePartedRows) {
     err = launch_combine<8, kCombineBatch>(p, stream);  // two or more rounds (see above)
   } else {
