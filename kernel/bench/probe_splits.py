@@ -9,6 +9,7 @@ Timing as bench_verify.py (CUDA-graph replay median over rotated input sets). On
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -20,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kdtree_kernel.ops as ops
+import kdtree_kernel.plan as plan_module
 from bench_verify import CaseRunner, graph_time_us
 from kdtree_kernel.plan import LaunchPlan
 
@@ -73,11 +75,73 @@ def kernel_times(out: TextIO) -> None:
         torch.cuda.empty_cache()
 
 
+PLANNED = ops.launch_plan  # the op's own planner (the probes replace ops.launch_plan to force a grid)
+# Where --partial-bytes looks for plans that the cost model's count of partial bytes changes.
+MODEL_GRID_BS = (1, 2, 3, 4, 8, 16, 32)
+MODEL_GRID_PREFIX = (512, 1024, 2048, 3000, 4096, 6000, 8192, 16384, 32768, 65536, 131072)
+MODEL_GRID_ROWS = ((9, 8), (2, 8), (4, 8), (1, 8), (16, 8), (16, 16), (32, 8), (64, 8), (9, 16), (128, 8))
+
+
+def plan_counting(row_bytes: int, bs: int, q_len: int, heads: int, prefix: int) -> LaunchPlan:
+    """The op's plan on this device with the cost model counting ``row_bytes`` per partial row everywhere
+    (plan.py counts bf16 partials for some plans and fp32 ones for the rest)."""
+    kept = plan_module.PARTIAL_ROW_BYTES, plan_module.FP32_PARTIAL_ROW_BYTES
+    plan_module.PARTIAL_ROW_BYTES = plan_module.FP32_PARTIAL_ROW_BYTES = row_bytes
+    try:
+        return PLANNED(bs, q_len, heads, prefix)
+    finally:
+        plan_module.PARTIAL_ROW_BYTES, plan_module.FP32_PARTIAL_ROW_BYTES = kept
+
+
+def compare_partial_bytes(out: TextIO) -> None:
+    """Every grid case whose plan differs between the cost model counting fp32 partials and bf16 ones, timed
+    under both plans (alternating, two rounds, the faster kept), with the one the planner picks."""
+    fp32, bf16 = plan_module.FP32_PARTIAL_ROW_BYTES, plan_module.PARTIAL_ROW_BYTES
+    for bs, prefix, (q_len, heads) in itertools.product(MODEL_GRID_BS, MODEL_GRID_PREFIX, MODEL_GRID_ROWS):
+        plans = {
+            "fp32": plan_counting(fp32, bs, q_len, heads, prefix),
+            "bf16": plan_counting(bf16, bs, q_len, heads, prefix),
+        }
+        if plans["fp32"] == plans["bf16"]:
+            continue
+        picked = PLANNED(bs, q_len, heads, prefix)
+        r = CaseRunner(bs, prefix, q_len, heads, "tree", seed=bs + prefix + q_len)
+        best: dict[str, float] = {}
+        for _ in range(2):
+            for label, plan in plans.items():
+                ops.launch_plan = lambda *a, _p=plan, **k: _p  # the op asks for its grid here
+                r.ws = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device="cuda")
+                us = graph_time_us([r.ours(x) for x in r.cases])
+                best[label] = min(best.get(label, us), us)
+        ops.launch_plan = PLANNED
+        rec = {
+            "bs": bs,
+            "prefix": prefix,
+            "q_len": q_len,
+            "heads": heads,
+            **{f"{label}_chunk": plan.chunk_keys for label, plan in plans.items()},
+            **{f"{label}_splits": plan.splits for label, plan in plans.items()},
+            **{f"{label}_us": round(us, 2) for label, us in best.items()},
+            "planned": next(label for label, plan in plans.items() if plan == picked),
+        }
+        print(json.dumps(rec), flush=True)
+        out.write(json.dumps(rec) + "\n")
+        del r
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--kernel-times", action="store_true", help="per-kernel GPU times at the planned grid")
+    parser.add_argument(
+        "--partial-bytes", action="store_true", help="plans the model's fp32 and bf16 partial counts differ on"
+    )
     args = parser.parse_args()
+    if args.partial_bytes:
+        with args.out.open("a") as out:
+            compare_partial_bytes(out)
+        return
     if args.kernel_times:
         with args.out.open("a") as out:
             kernel_times(out)

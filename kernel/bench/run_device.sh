@@ -39,6 +39,9 @@ for stage in $stages; do
       rm -rf /tmp/trace-src && cp -r kernel/csrc /tmp/trace-src && patch -s -d /tmp/trace-src -p1 < kernel/bench/trace-kernel.diff || exit 14
       python3 deploy/build_extension.py --arch 9.0 --source-dir /tmp/trace-src --out /tmp/trace-build --log "$OUT/build-trace.log" --timeout 420 --jobs 16 || exit 14
       KDTREE_EXT_DIR=/tmp/trace-build python3 kernel/bench/trace_steps.py --out "$OUT/trace.json" ;;
+    partial-bytes)
+      # Plans that the cost model's count of partial bytes (fp32 before, bf16 now) changes, timed both ways.
+      python3 kernel/bench/probe_splits.py --partial-bytes --out "$OUT/partial-bytes.jsonl" > "$OUT/partial-bytes.log" 2>&1; tail -3 "$OUT/partial-bytes.log" ;;
     kernel-times)
       python3 kernel/bench/probe_splits.py --kernel-times --out "$OUT/kernel-times.jsonl" 2>&1 | tail -6 ;;
     quick-bench)

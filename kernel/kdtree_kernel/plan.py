@@ -26,10 +26,12 @@ MAX_SPLITS = 256
 BLOCK_OVERHEAD_TILES = 1.5
 COMBINE_LAUNCH_TILES = 2.0
 BYTES_PER_TILE_STEP = 4.9e6
-# The model was fitted with fp32 partials (512 values + the LSE, 4 bytes each, per row and chunk); it keeps that
-# count while its picks stand (tests/kernel/test_plan.py), though the partials are bf16 now (PARTIAL_ROW_BYTES).
-FITTED_PARTIAL_ROW_BYTES = (VALUE_DIM + 1) * 4
 PARTIAL_ROW_BYTES = VALUE_DIM * 2 + 4  # the workspace's layout: bf16 partial row + fp32 LSE
+# The model was fitted with fp32 partials (512 values + the LSE). Counting the bf16 bytes the partials have now
+# picks more chunks: on the H200 that was up to 12% faster for plans of 48-row blocks that still fit one wave (27
+# of 32, the rest within 1%; bs 1 q 9: 2k 0.97x, 4k 0.96x), and up to 9% slower for smaller blocks and for grids
+# past one wave, which keep the fitted count (probe_splits.py --partial-bytes; kernel/bench/splits-h200.md).
+FP32_PARTIAL_ROW_BYTES = (VALUE_DIM + 1) * 4
 # The 48-row block has two warp layouts (csrc/verify_attention_kernel.cuh, score_slot): the split one is 3-6%
 # faster once a block runs 64 or more 16-key tiles, and ~0.6 us slower per call on short chunks
 # (kernel/bench/ab-h200.md, L, M).
@@ -73,12 +75,14 @@ def row_tiling(q_len: int, heads: int, max_row_groups: int = MAX_ROW_GROUPS) -> 
     return row_groups, row_blocks
 
 
-def _split_cost(splits: int, *, blocks: int, slots: int, max_keys: int, bs: int, rows: int) -> float:
+def _split_cost(
+    splits: int, *, blocks: int, slots: int, max_keys: int, bs: int, rows: int, partial_row_bytes: int
+) -> float:
     waves = math.ceil(blocks * splits / slots)
     tiles = math.ceil(math.ceil(max_keys / splits) / BLOCK_N)
     cost = waves * (tiles + BLOCK_OVERHEAD_TILES)
     if splits > 1:
-        partial_bytes = 2 * bs * splits * rows * FITTED_PARTIAL_ROW_BYTES
+        partial_bytes = 2 * bs * splits * rows * partial_row_bytes
         cost += COMBINE_LAUNCH_TILES + partial_bytes / BYTES_PER_TILE_STEP
     return cost
 
@@ -111,12 +115,29 @@ def plan_launch(
     blocks = bs * row_blocks
     rows = q_len * heads
     upper = max(1, min(MAX_SPLITS, math.ceil(max_keys / MIN_CHUNK_KEYS)))
-    splits = min(
-        range(1, upper + 1),
-        key=lambda s: (_split_cost(s, blocks=blocks, slots=slots, max_keys=max_keys, bs=bs, rows=rows), s),
-    )
-    chunk_keys = math.ceil(math.ceil(max_keys / splits) / BLOCK_N) * BLOCK_N
-    splits = math.ceil(max_keys / chunk_keys)  # rounding the chunk up can leave the last split empty
+
+    def chunking(partial_row_bytes: int) -> tuple[int, int]:
+        splits = min(
+            range(1, upper + 1),
+            key=lambda s: (
+                _split_cost(
+                    s,
+                    blocks=blocks,
+                    slots=slots,
+                    max_keys=max_keys,
+                    bs=bs,
+                    rows=rows,
+                    partial_row_bytes=partial_row_bytes,
+                ),
+                s,
+            ),
+        )
+        chunk_keys = math.ceil(math.ceil(max_keys / splits) / BLOCK_N) * BLOCK_N
+        return math.ceil(max_keys / chunk_keys), chunk_keys  # rounding the chunk up can leave the last split empty
+
+    splits, chunk_keys = chunking(PARTIAL_ROW_BYTES)
+    if row_groups < MAX_ROW_GROUPS or blocks * splits > slots:
+        splits, chunk_keys = chunking(FP32_PARTIAL_ROW_BYTES)  # see FP32_PARTIAL_ROW_BYTES
     return LaunchPlan(row_groups, row_blocks, splits, chunk_keys, rows, bs)
 
 
