@@ -9,6 +9,7 @@ Small batches split the keys into ``splits`` chunks so the grid fills the GPU; a
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -116,22 +117,10 @@ def plan_launch(
     rows = q_len * heads
     upper = max(1, min(MAX_SPLITS, math.ceil(max_keys / MIN_CHUNK_KEYS)))
 
+    cost = functools.partial(_split_cost, blocks=blocks, slots=slots, max_keys=max_keys, bs=bs, rows=rows)
+
     def chunking(partial_row_bytes: int) -> tuple[int, int]:
-        splits = min(
-            range(1, upper + 1),
-            key=lambda s: (
-                _split_cost(
-                    s,
-                    blocks=blocks,
-                    slots=slots,
-                    max_keys=max_keys,
-                    bs=bs,
-                    rows=rows,
-                    partial_row_bytes=partial_row_bytes,
-                ),
-                s,
-            ),
-        )
+        splits = min(range(1, upper + 1), key=lambda s: (cost(s, partial_row_bytes=partial_row_bytes), s))
         chunk_keys = math.ceil(math.ceil(max_keys / splits) / BLOCK_N) * BLOCK_N
         return math.ceil(max_keys / chunk_keys), chunk_keys  # rounding the chunk up can leave the last split empty
 
