@@ -89,8 +89,9 @@ int threads_for(int row_groups, bool split_schedulers, bool fp8) {
 // 4 column parts of 16 threads a group, so that all of a row's chunks are in flight in one round instead of three
 // or four dependent L2 round trips, over at most 128 blocks (one per SM, by registers: one wave on both GPUs).
 // More rows, or 65-128 chunks (72 rows: 144 blocks of 2 parts exceeded one wave, 3-7% slower), keep whole rows;
-// 65-96 chunks (bs = 1 with q_len 9 from 8k keys: 65) take 12 groups of 768 threads, one round instead of two
-// (2-3% faster at bs 1 x 8k / 32k; ab-h200.md AG), 97-128 chunks two rounds of 8 groups (kernel/bench/ab-h200.md AF).
+// 33-96 chunks (bs = 1 with q_len 9 from 1k keys: 33-65) take 12 groups of 768 threads, one round (65 chunks:
+// instead of two; 2-3% faster at bs 1 x 8k / 32k, 1% at 1k-4k; ab-h200.md AG), 97-128 chunks two rounds of 8
+// groups (kernel/bench/ab-h200.md AF).
 constexpr int kCombineColsPerThread = 8;
 constexpr int kCombineThreads = kValueDim / kCombineColsPerThread;  // threads covering a whole row (64)
 constexpr int kCombineBatch = 8;  // the widest batch
