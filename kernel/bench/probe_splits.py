@@ -25,6 +25,7 @@ import kdtree_kernel.plan as plan_module
 from bench_verify import CaseRunner, graph_time_us
 from kdtree_kernel.plan import LaunchPlan
 
+PLANNED = ops.launch_plan  # the op's own planner (the probes replace ops.launch_plan to force a grid)
 CASES = [
     (1, 1024, 9, 8),
     (1, 8192, 9, 8),
@@ -75,7 +76,6 @@ def kernel_times(out: TextIO) -> None:
         torch.cuda.empty_cache()
 
 
-PLANNED = ops.launch_plan  # the op's own planner (the probes replace ops.launch_plan to force a grid)
 # Where --partial-bytes looks for plans that the cost model's count of partial bytes changes.
 MODEL_GRID_BS = (1, 2, 3, 4, 8, 16, 32)
 MODEL_GRID_PREFIX = (512, 1024, 2048, 3000, 4096, 6000, 8192, 16384, 32768, 65536, 131072)
@@ -146,11 +146,10 @@ def main() -> None:
         with args.out.open("a") as out:
             kernel_times(out)
         return
-    planned = ops.launch_plan
     with args.out.open("a") as out:
         for i, (bs, prefix, q_len, heads) in enumerate(CASES):
             r = CaseRunner(bs, prefix, q_len, heads, "tree", seed=77 + i)
-            default = planned(bs, q_len, heads, prefix)
+            default = PLANNED(bs, q_len, heads, prefix)
             max_keys = prefix + q_len
             options = [("plan", default)] + [
                 (str(c), forced(default, c, max_keys)) for c in CHUNKS if c < max_keys * 2 and c != default.chunk_keys
@@ -172,7 +171,7 @@ def main() -> None:
                 }
                 print(json.dumps(rec), flush=True)
                 out.write(json.dumps(rec) + "\n")
-            ops.launch_plan = planned
+            ops.launch_plan = PLANNED
             del r
             torch.cuda.empty_cache()
 

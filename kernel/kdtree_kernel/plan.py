@@ -9,7 +9,6 @@ Small batches split the keys into ``splits`` chunks so the grid fills the GPU; a
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -76,15 +75,12 @@ def row_tiling(q_len: int, heads: int, max_row_groups: int = MAX_ROW_GROUPS) -> 
     return row_groups, row_blocks
 
 
-def _split_cost(
-    splits: int, *, blocks: int, slots: int, max_keys: int, bs: int, rows: int, partial_row_bytes: int
-) -> float:
+def _split_cost(splits: int, blocks: int, slots: int, max_keys: int, partial_bytes_per_split: int) -> float:
     waves = math.ceil(blocks * splits / slots)
     tiles = math.ceil(math.ceil(max_keys / splits) / BLOCK_N)
     cost = waves * (tiles + BLOCK_OVERHEAD_TILES)
     if splits > 1:
-        partial_bytes = 2 * bs * splits * rows * partial_row_bytes
-        cost += COMBINE_LAUNCH_TILES + partial_bytes / BYTES_PER_TILE_STEP
+        cost += COMBINE_LAUNCH_TILES + splits * partial_bytes_per_split / BYTES_PER_TILE_STEP
     return cost
 
 
@@ -117,16 +113,19 @@ def plan_launch(
     rows = q_len * heads
     upper = max(1, min(MAX_SPLITS, math.ceil(max_keys / MIN_CHUNK_KEYS)))
 
-    cost = functools.partial(_split_cost, blocks=blocks, slots=slots, max_keys=max_keys, bs=bs, rows=rows)
-
     def chunking(partial_row_bytes: int) -> tuple[int, int]:
-        splits = min(range(1, upper + 1), key=lambda s: (cost(s, partial_row_bytes=partial_row_bytes), s))
+        per_split = 2 * bs * rows * partial_row_bytes  # each chunk's partials, written and read back
+        splits = min(range(1, upper + 1), key=lambda s: (_split_cost(s, blocks, slots, max_keys, per_split), s))
         chunk_keys = math.ceil(math.ceil(max_keys / splits) / BLOCK_N) * BLOCK_N
         return math.ceil(max_keys / chunk_keys), chunk_keys  # rounding the chunk up can leave the last split empty
 
-    splits, chunk_keys = chunking(PARTIAL_ROW_BYTES)
-    if row_groups < MAX_ROW_GROUPS or blocks * splits > slots:
-        splits, chunk_keys = chunking(FP32_PARTIAL_ROW_BYTES)  # see FP32_PARTIAL_ROW_BYTES
+    # The bf16 count only where it was measured faster (see FP32_PARTIAL_ROW_BYTES); planning is on every eager
+    # call's path, so the other plans do not pay for a chunking they would discard.
+    if row_groups == MAX_ROW_GROUPS:
+        splits, chunk_keys = chunking(PARTIAL_ROW_BYTES)
+        if blocks * splits <= slots:
+            return LaunchPlan(row_groups, row_blocks, splits, chunk_keys, rows, bs)
+    splits, chunk_keys = chunking(FP32_PARTIAL_ROW_BYTES)
     return LaunchPlan(row_groups, row_blocks, splits, chunk_keys, rows, bs)
 
 
