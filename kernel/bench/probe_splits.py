@@ -137,7 +137,11 @@ def main() -> None:
     parser.add_argument(
         "--partial-bytes", action="store_true", help="plans the model's fp32 and bf16 partial counts differ on"
     )
+    parser.add_argument(
+        "--cases", default="", help="sweep these cases instead of CASES: BSxPREFIXxQLENxHEADS, comma-separated"
+    )
     args = parser.parse_args()
+    cases = [tuple(int(x) for x in item.split("x")) for item in args.cases.split(",") if item] or CASES
     if args.partial_bytes:
         with args.out.open("a") as out:
             compare_partial_bytes(out)
@@ -147,7 +151,7 @@ def main() -> None:
             kernel_times(out)
         return
     with args.out.open("a") as out:
-        for i, (bs, prefix, q_len, heads) in enumerate(CASES):
+        for i, (bs, prefix, q_len, heads) in enumerate(cases):
             r = CaseRunner(bs, prefix, q_len, heads, "tree", seed=77 + i)
             default = PLANNED(bs, q_len, heads, prefix)
             max_keys = prefix + q_len

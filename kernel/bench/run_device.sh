@@ -31,7 +31,8 @@ for stage in $stages; do
     probe)
       python3 kernel/bench/probe_memory.py 2>&1 | tee "$OUT/probe.log" ;;
     splits)
-      python3 kernel/bench/probe_splits.py --out "$OUT/splits.jsonl" > "$OUT/splits.log" 2>&1; tail -3 "$OUT/splits.log" ;;
+      # SPLIT_CASES: the cases to sweep (BSxPREFIXxQLENxHEADS, comma-separated) instead of probe_splits.CASES.
+      python3 kernel/bench/probe_splits.py --cases "${SPLIT_CASES:-}" --out "$OUT/splits.jsonl" > "$OUT/splits.log" 2>&1; tail -3 "$OUT/splits.log" ;;
     steps)
       python3 kernel/bench/probe_steps.py --out "$OUT/steps.jsonl" 2>&1 | tail -12 ;;
     trace)
@@ -39,6 +40,11 @@ for stage in $stages; do
       rm -rf /tmp/trace-src && cp -r kernel/csrc /tmp/trace-src && patch -s -d /tmp/trace-src -p1 < kernel/bench/trace-kernel.diff || exit 14
       python3 deploy/build_extension.py --arch 9.0 --source-dir /tmp/trace-src --out /tmp/trace-build --log "$OUT/build-trace.log" --timeout 420 --jobs 16 || exit 14
       KDTREE_EXT_DIR=/tmp/trace-build python3 kernel/bench/trace_steps.py --out "$OUT/trace.json" ;;
+    phases)
+      # Phase timeline of bs 1 calls (globaltimer per block event): kernel/csrc with phases-kernel.diff, built aside.
+      rm -rf /tmp/phase-src && cp -r kernel/csrc /tmp/phase-src && patch -s -d /tmp/phase-src -p1 < kernel/bench/phases-kernel.diff || exit 14
+      python3 deploy/build_extension.py --arch 9.0 --source-dir /tmp/phase-src --out /tmp/phase-build --log "$OUT/build-phases.log" --timeout 420 --jobs 16 || { tail -30 "$OUT/build-phases.log"; exit 14; }
+      KDTREE_EXT_DIR=/tmp/phase-build python3 kernel/bench/trace_phases.py --out "$OUT/phases.json" 2>&1 | tee "$OUT/phases.log" ;;
     partial-bytes)
       # Plans that the cost model's count of partial bytes (fp32 before, bf16 now) changes, timed both ways.
       python3 kernel/bench/probe_splits.py --partial-bytes --out "$OUT/partial-bytes.jsonl" > "$OUT/partial-bytes.log" 2>&1; tail -3 "$OUT/partial-bytes.log" ;;

@@ -343,6 +343,62 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
   }
 }
 
+// Score role, prologue: Q of this warp's 16 rows and half of the dims into mma A fragments (72 registers a
+// thread, kept for the whole KV loop), rows past `rows` zero. Each lane loads whole 16-byte pieces (18 load
+// instructions a warp, each reading 8 rows x 64 bytes) and the fragments come back through a 1 KB scratch with
+// ldmatrix. Loading the fragments' 4-byte words directly (144 load instructions a warp, each touching 8 rows) held
+// up the first key tile's gathers, which share the load path: on the H200 a bs 1 block's first tile landed 1.3-2.0
+// us later, and bs 1 q 9 calls were 6-17% slower (kernel/bench/trace_phases.py, ab-h200.md AH).
+// Segment j of a row (dims 64 j + 32 half .. + 31: local k-steps 2 j and 2 j + 1, see score_k_lanes) is 4 pieces;
+// lane l loads piece l % 4 of rows l / 4 and l / 4 + 8. The scratch holds one segment of the 16 rows, 64 bytes a
+// row, pieces XOR-swizzled by (row / 2) % 4 so that ldmatrix's 8 row reads hit distinct banks.
+template <bool kF16>
+__device__ __forceinline__ void load_q_fragments(const VerifyParams& p, uint32_t (&qf)[kHalfSteps][4],
+                                                 unsigned char* scratch, int row0, int rows, int q_tok0, int half,
+                                                 int lane) {
+  constexpr int kSegments = kHalfSteps / 2;
+  const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q);
+  const int piece = lane % 4;
+  uint4 seg[kSegments][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int local = lane / 4 + 8 * i;
+    const int r = row0 + local;
+    const bool live = r < rows;
+    const int token = live ? r / p.heads : 0;
+    const int head = live ? r - token * p.heads : 0;
+    const __nv_bfloat16* qrow = q + static_cast<int64_t>(q_tok0 + token) * p.q_stride_token +
+                                head * p.q_stride_head + 32 * half + 8 * piece;
+#pragma unroll
+    for (int j = 0; j < kSegments; ++j) {
+      seg[j][i] = live ? __ldg(reinterpret_cast<const uint4*>(qrow + 64 * j)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  const uint32_t scratch_addr = smem_addr(scratch);
+  const int ld_row = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix x4: rows 0-15, then dims 8-15 (lanes 16-31)
+#pragma unroll
+  for (int j = 0; j < kSegments; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int local = lane / 4 + 8 * i;
+      *reinterpret_cast<uint4*>(scratch + local * 64 + ((piece ^ ((local >> 1) & 3)) * 16)) = seg[j][i];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int pc = 2 * s + (lane >> 4);
+      uint32_t(&a)[4] = qf[2 * j + s];
+      ldmatrix_x4(scratch_addr + ld_row * 64 + ((pc ^ ((ld_row >> 1) & 3)) * 16), a[0], a[1], a[2], a[3]);
+      if constexpr (kF16) {
+        constexpr float kQScale = 1.f / (1 << kFp8QShift);  // undone by p.scale_log2 (binding)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = bf16x2_to_f16x2(a[e], kQScale);
+      }
+    }
+    __syncwarp();  // the next segment overwrites the scratch
+  }
+}
+
 template <int RG, int STAGES, typename IdxT, bool kSplit, bool kFp8>
 __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
     verify_attention_kernel(const VerifyParams p) {
@@ -460,29 +516,9 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
       row_live[i] = r < rows;
       token[i] = row_live[i] ? r / p.heads : 0;
     }
-    // Q of this warp's 16 rows and half of the dims, in registers for the whole KV loop (72 per thread).
-    uint32_t qf[kHalfSteps][4];
-    {
-      const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int r = block_row0 + local_row0 + g + 8 * i;
-        const int head = row_live[i] ? r - token[i] * p.heads : 0;
-        const __nv_bfloat16* qrow =
-            q + static_cast<int64_t>(q_tok0 + token[i]) * p.q_stride_token + head * p.q_stride_head;
-#pragma unroll
-        for (int ks = 0; ks < kHalfSteps; ++ks) {
-          const int d0 = score_k_step(ks, half) * 16 + 2 * c;
-          qf[ks][i] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0)) : 0u;
-          qf[ks][i + 2] = row_live[i] ? __ldg(reinterpret_cast<const unsigned int*>(qrow + d0 + 8)) : 0u;
-          if constexpr (kFp8) {
-            constexpr float kQScale = 1.f / (1 << kFp8QShift);  // undone by p.scale_log2 (binding)
-            qf[ks][i] = bf16x2_to_f16x2(qf[ks][i], kQScale);
-            qf[ks][i + 2] = bf16x2_to_f16x2(qf[ks][i + 2], kQScale);
-          }
-        }
-      }
-    }
+    uint32_t qf[kHalfSteps][4];  // Q of this warp's 16 rows and half of the dims, for the whole KV loop
+    load_q_fragments<kFp8>(p, qf, reinterpret_cast<unsigned char*>(exchange + half * 64), block_row0 + local_row0,
+                           rows, q_tok0, half, lane);
     ScoreState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
     uint32_t k_lane[2];
     score_k_lanes(half, lane, k_lane);
@@ -627,31 +663,38 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
   cp_async_wait<0>();  // leave no copy in flight into shared memory of an exiting block
   named_barrier(0, Cfg::kThreads);  // the score warps' 1 / sum values
 
-  // Epilogue: normalise, write the output or this chunk's partial.
+  // Epilogue: normalise, then write the output or this chunk's partial through shared memory (the key stages are
+  // free now): the fragments' 4-byte words land in a tile of the warp's 64 columns (one 128-byte line a row,
+  // pieces XOR-swizzled by the row so the 8 rows of a store hit distinct banks), and 8 lanes then store each
+  // row's line in 16-byte pieces. Storing the words directly (48 store instructions a warp at 48 rows, each
+  // touching 8 rows) took the 48-row block's epilogue ~1.5 us on the H200, ~0.9 us this way (trace_phases.py).
+  static_assert(kValueWarps * Cfg::kBlockM * 128 <= Cfg::kKStages * Cfg::kStageBytes, "output tiles in the stages");
+  unsigned char* out_tile = smem + value_warp * (Cfg::kBlockM * 128);
 #pragma unroll
   for (int m = 0; m < RG; ++m) {
+    if (!tile_live[m]) continue;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int local = m * 16 + g + 8 * i;
-      const int r = block_row0 + local;
-      if (r >= rows) continue;
       const float inv = inv_sum_smem[local] * p.out_scale;
-      if (p.splits == 1) {
-        __nv_bfloat16* out =
-            static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(out_row0 + r) * kValueDim + col0 + 2 * c;
 #pragma unroll
-        for (int n = 0; n < kValueTiles; ++n) {
-          *reinterpret_cast<uint32_t*>(out + n * 8) = pack_bf16x2(acc[m][n][2 * i] * inv, acc[m][n][2 * i + 1] * inv);
-        }
-      } else {
-        const int64_t slot = (static_cast<int64_t>(b) * p.splits + split) * rows + r;
-        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.part_o) + slot * kValueDim + col0 + 2 * c;
-#pragma unroll
-        for (int n = 0; n < kValueTiles; ++n) {
-          *reinterpret_cast<uint32_t*>(out + n * 8) = pack_bf16x2(acc[m][n][2 * i] * inv, acc[m][n][2 * i + 1] * inv);
-        }
+      for (int n = 0; n < kValueTiles; ++n) {
+        *reinterpret_cast<uint32_t*>(out_tile + local * 128 + (n ^ (local & 7)) * 16 + 4 * c) =
+            pack_bf16x2(acc[m][n][2 * i] * inv, acc[m][n][2 * i + 1] * inv);
       }
     }
+  }
+  __syncwarp();
+  const int piece = lane % 8;
+  __nv_bfloat16* dst_base = p.splits == 1
+      ? static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(out_row0) * kValueDim
+      : static_cast<__nv_bfloat16*>(p.part_o) + (static_cast<int64_t>(b) * p.splits + split) * rows * kValueDim;
+#pragma unroll
+  for (int local = lane / 8; local < Cfg::kBlockM; local += 4) {
+    const int r = block_row0 + local;
+    if (r >= rows) break;
+    const uint4 v = *reinterpret_cast<const uint4*>(out_tile + local * 128 + (piece ^ (local & 7)) * 16);
+    *reinterpret_cast<uint4*>(dst_base + static_cast<int64_t>(r) * kValueDim + col0 + piece * 8) = v;
   }
 }
 
