@@ -87,10 +87,12 @@ def plan_counting(row_bytes: int, bs: int, q_len: int, heads: int, prefix: int) 
     (plan.py counts bf16 partials for some plans and fp32 ones for the rest)."""
     kept = plan_module.PARTIAL_ROW_BYTES, plan_module.FP32_PARTIAL_ROW_BYTES
     plan_module.PARTIAL_ROW_BYTES = plan_module.FP32_PARTIAL_ROW_BYTES = row_bytes
+    ops._plan.cache_clear()  # the op memoises its plans: none planned under other constants may be reused
     try:
         return PLANNED(bs, q_len, heads, prefix)
     finally:
         plan_module.PARTIAL_ROW_BYTES, plan_module.FP32_PARTIAL_ROW_BYTES = kept
+        ops._plan.cache_clear()
 
 
 def compare_partial_bytes(out: TextIO) -> None:

@@ -72,14 +72,25 @@ def launch_plan(
     max_groups = _fp8_max_row_groups() if fp8 else MAX_ROW_GROUPS
     row_groups, _ = row_tiling(q_len, heads, max_groups) if 1 <= q_len <= MAX_Q_LEN else (1, 1)
     index = _device_index(device)
+    return _plan(bs, q_len, heads, max_prefix_len, _num_sms(index), _blocks_per_sm(row_groups, fp8), max_groups)
+
+
+# plan_launch weighs every chunk count (up to 256) and takes 75-250 us of Python; the backend asks for the same
+# plan in each of a model's layers within a step (same batch, q_len, heads and prefix bound), so an eager step paid
+# that ~60 times. Memoised on everything the plan depends on; a probe that changes plan.py's cost constants must
+# clear it (kernel/bench/probe_splits.py).
+@functools.lru_cache(maxsize=256)
+def _plan(
+    bs: int, q_len: int, heads: int, max_prefix_len: int, num_sms: int, blocks_per_sm: int, max_row_groups: int
+) -> LaunchPlan:
     return plan_launch(
         bs,
         q_len,
         heads,
         max_prefix_len,
-        num_sms=_num_sms(index),
-        blocks_per_sm=_blocks_per_sm(row_groups, fp8),
-        max_row_groups=max_groups,
+        num_sms=num_sms,
+        blocks_per_sm=blocks_per_sm,
+        max_row_groups=max_row_groups,
     )
 
 
