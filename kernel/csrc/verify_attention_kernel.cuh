@@ -665,7 +665,7 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
 
   // Epilogue: normalise, then write the output or this chunk's partial through shared memory (the key stages are
   // free now): the fragments' 4-byte words land in a tile of the warp's 64 columns (one 128-byte line a row,
-  // pieces XOR-swizzled by the row so the 8 rows of a store hit distinct banks), and 8 lanes then store each
+  // pieces swizzled as the key rows are, swizzled_piece, so the 8 rows of a store hit distinct banks), and 8 lanes then store each
   // row's line in 16-byte pieces. Storing the words directly (48 store instructions a warp at 48 rows, each
   // touching 8 rows) took the 48-row block's epilogue ~1.5 us on the H200, ~0.9 us this way (trace_phases.py).
   static_assert(kValueWarps * Cfg::kBlockM * 128 <= Cfg::kKStages * Cfg::kStageBytes, "output tiles in the stages");
@@ -679,7 +679,7 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
       const float inv = inv_sum_smem[local] * p.out_scale;
 #pragma unroll
       for (int n = 0; n < kValueTiles; ++n) {
-        *reinterpret_cast<uint32_t*>(out_tile + local * 128 + (n ^ (local & 7)) * 16 + 4 * c) =
+        *reinterpret_cast<uint32_t*>(out_tile + local * 128 + swizzled_piece(n, local) + 4 * c) =
             pack_bf16x2(acc[m][n][2 * i] * inv, acc[m][n][2 * i + 1] * inv);
       }
     }
@@ -693,7 +693,7 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
   for (int local = lane / 8; local < Cfg::kBlockM; local += 4) {
     const int r = block_row0 + local;
     if (r >= rows) break;
-    const uint4 v = *reinterpret_cast<const uint4*>(out_tile + local * 128 + (piece ^ (local & 7)) * 16);
+    const uint4 v = *reinterpret_cast<const uint4*>(out_tile + local * 128 + swizzled_piece(piece, local));
     *reinterpret_cast<uint4*>(dst_base + static_cast<int64_t>(r) * kValueDim + col0 + piece * 8) = v;
   }
 }

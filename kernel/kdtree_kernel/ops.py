@@ -75,7 +75,7 @@ def launch_plan(
     return _plan(bs, q_len, heads, max_prefix_len, _num_sms(index), _blocks_per_sm(row_groups, fp8), max_groups)
 
 
-# plan_launch weighs every chunk count (up to 256) and takes 75-250 us of Python; the backend asks for the same
+# plan_launch weighs every chunk count (up to 256) and takes 75-235 us of Python; the backend asks for the same
 # plan in each of a model's layers within a step (same batch, q_len, heads and prefix bound), so an eager step paid
 # that ~60 times. Memoised on everything the plan depends on; a probe that changes plan.py's cost constants must
 # clear it (kernel/bench/probe_splits.py).

@@ -1,5 +1,5 @@
 """The op memoises its launch plans (kdtree_kernel.ops._plan): the backend asks for the same plan in every layer of
-a step, and planning is 75-250 us of Python. A memoised plan must be the planner's own, for exactly the sizes,
+a step, and planning is 75-235 us of Python. A memoised plan must be the planner's own, for exactly the sizes,
 device figures and row-group limit it was asked for."""
 
 from __future__ import annotations
