@@ -132,7 +132,7 @@ struct CombineState {
 // Merges the chunk partials of one (request, row): out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max lse).
 // One pass: each batch's LSEs and partial rows load together, and the running maximum rescales the sums (the
 // previous form read every LSE first, one more dependent L2 round trip). Under KDTREE_PDL=combine|all it
-// launches as a programmatic dependent of the main kernel: everything up to griddep_wait (the request's sizes)
+// launches as a programmatic dependent of the main kernel: everything up to griddep_wait (the output row's index)
 // then overlaps the main kernel's last blocks.
 template <int kGroups, int kBatch, int kParts>
 __global__ void __launch_bounds__(kCombineThreads / kParts * kGroups) verify_combine_kernel(const VerifyParams p) {
@@ -146,24 +146,24 @@ __global__ void __launch_bounds__(kCombineThreads / kParts * kGroups) verify_com
   const int col = blockIdx.z * kGroupThreads + part_col;  // 16-byte piece of the row
   const int group = threadIdx.x / kGroupThreads;
   const int rows = p.q_len * p.heads;
-  const int kv_len = request_keys(p, b);  // 0 (no live chunk: zeros, LSE -inf) for a malformed request
-  const int chunk = chunk_for(p, kv_len);
-  const int live_splits = min(p.splits, (kv_len + chunk - 1) / chunk);
   const int64_t slot0 = static_cast<int64_t>(b) * p.splits * rows + r;
   const int64_t out_row = static_cast<int64_t>(p.qo_indptr[b]) * p.heads + r;
   const uint4* part_o = static_cast<const uint4*>(p.part_o);  // 64 x 16 bytes per partial row
   griddep_wait();  // the main kernel's partials are complete and visible from here on
 
+  // Every chunk slot of the grid was written by this launch's main kernel: a chunk past the request's keys (or every
+  // chunk of a malformed request) has LSE -inf and a stale partial row, which weighs 0 and is skipped. So the merge
+  // needs none of the request's sizes, whose kv_indptr load put one more dependent L2 round trip in front of it.
   CombineState st;
-  for (int s0 = group * kBatch; s0 < live_splits; s0 += kGroups * kBatch) {
+  for (int s0 = group * kBatch; s0 < p.splits; s0 += kGroups * kBatch) {
     float lse[kBatch];
     uint4 o[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int64_t slot = slot0 + static_cast<int64_t>(s0 + j) * rows;
-      const bool live = s0 + j < live_splits;
-      lse[j] = live ? p.part_lse[slot] : -INFINITY;
-      o[j] = live ? part_o[slot * kCombineThreads + col] : make_uint4(0u, 0u, 0u, 0u);
+      const bool in_grid = s0 + j < p.splits;
+      lse[j] = in_grid ? p.part_lse[slot] : -INFINITY;
+      o[j] = in_grid ? part_o[slot * kCombineThreads + col] : make_uint4(0u, 0u, 0u, 0u);
     }
     float batch_max = lse[0];
 #pragma unroll
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kCombineThreads / kParts * kGroups) verify_com
     for (int j = 0; j < kBatch; ++j) {
       const float w = exp2f(lse[j] - base);
       st.total += w;
-      st.add(w, o[j]);
+      if (w > 0.f) st.add(w, o[j]);  // a stale row (weight 0) may hold anything, NaN included
     }
   }
   if (group > 0) {

@@ -29,6 +29,7 @@
 
 #include "mma_primitives.cuh"
 #include "verify_attention.h"
+#include "verify_attention_rows.cuh"
 
 namespace kdtree {
 namespace fp8mma {
@@ -119,22 +120,20 @@ __global__ void __launch_bounds__(fp8mma::kThreads, 2) verify_attention_kernel_f
   const int kv_begin = p.kv_indptr[b];
   const int kv_len = request_keys(p, b);
   if (kv_len == 0) {  // malformed request: read no key; zeros (LSE -inf) when this block owns the output
-    if (p.splits == 1 && split == 0) {
-      for (int i = tid; i < kRows * (kValueDim / 8); i += kThreads) {
-        const int r = block_row0 + i / (kValueDim / 8);
-        if (r >= rows) continue;
-        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (out_row0 + r) * kValueDim;
-        reinterpret_cast<uint4*>(out)[i % (kValueDim / 8)] = make_uint4(0u, 0u, 0u, 0u);
-      }
-      const int r = block_row0 + tid;
-      if (p.lse != nullptr && tid < kRows && r < rows) p.lse[out_row0 + r] = -INFINITY;
+    if (p.splits > 1) {
+      mark_chunk_empty(p, b, split, block_row0, kRows, tid);
+    } else if (split == 0) {
+      write_empty_rows(p, q_tok0, block_row0, kRows, tid, kThreads);
     }
     return;
   }
   const int prefix = kv_len - p.q_len;
   const int chunk = chunk_for(p, kv_len);
   const int key_lo = split * chunk;
-  if (key_lo >= kv_len) return;
+  if (key_lo >= kv_len) {
+    mark_chunk_empty(p, b, split, block_row0, kRows, tid);
+    return;
+  }
   const int key_hi = min(kv_len, key_lo + chunk);
   const int n_tiles = (key_hi - key_lo + kTileKeys - 1) / kTileKeys;
 

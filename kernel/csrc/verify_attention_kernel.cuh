@@ -37,6 +37,7 @@
 
 #include "mma_primitives.cuh"
 #include "verify_attention.h"
+#include "verify_attention_rows.cuh"
 
 namespace kdtree {
 
@@ -415,29 +416,30 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
   const int c = lane % 4;  // fragment column pair
 
   griddep_wait();  // launched as a programmatic dependent: the previous kernel's writes are visible from here
+  // The request's index entries (qo_indptr and both kv_indptr ends) load together at entry: one round trip for
+  // the three. Loaded after the prologue barrier, as before, qo_indptr was one more trip in front of the score
+  // warps' Q, and ptxas re-derived the value warps' shared-memory base inside their loop (4-5 S2R a step on
+  // sm_90a, 1 now); long chunks ran 2-4% slower that way (kernel/bench/ab-h200.md AI).
+  const int q_tok0 = p.qo_indptr[b];
   const int kv_begin = p.kv_indptr[b];
   const int kv_len = request_keys(p, b);
   if (kv_len == 0) {
     // A malformed request (request_keys): no key is read. With one chunk this block writes zeros for its rows
-    // (LSE -inf); with several the combine kernel does (it finds no live chunk).
-    if (p.splits == 1 && split == 0) {
-      const int rows = p.q_len * p.heads;
-      const int64_t out_row0 = static_cast<int64_t>(p.qo_indptr[b]) * p.heads;
-      for (int i = tid; i < Cfg::kBlockM * (kValueDim / 8); i += blockDim.x) {
-        const int r = row_block * Cfg::kBlockM + i / (kValueDim / 8);
-        if (r >= rows) continue;
-        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (out_row0 + r) * kValueDim;
-        reinterpret_cast<uint4*>(out)[i % (kValueDim / 8)] = make_uint4(0u, 0u, 0u, 0u);
-      }
-      const int r = row_block * Cfg::kBlockM + tid;
-      if (p.lse != nullptr && tid < Cfg::kBlockM && r < rows) p.lse[out_row0 + r] = -INFINITY;
+    // (LSE -inf); with several it marks its chunk empty and the combine kernel writes them (no chunk has weight).
+    if (p.splits > 1) {
+      mark_chunk_empty(p, b, split, row_block * Cfg::kBlockM, Cfg::kBlockM, tid);
+    } else if (split == 0) {
+      write_empty_rows(p, q_tok0, row_block * Cfg::kBlockM, Cfg::kBlockM, tid, blockDim.x);
     }
     return;
   }
   const int prefix = kv_len - p.q_len;
   const int chunk = chunk_for(p, kv_len);
   const int key_lo = split * chunk;
-  if (key_lo >= kv_len) return;  // this chunk lies past the request's keys (grid sized for the worst case)
+  if (key_lo >= kv_len) {  // this chunk lies past the request's keys (grid sized for the worst case)
+    mark_chunk_empty(p, b, split, row_block * Cfg::kBlockM, Cfg::kBlockM, tid);
+    return;
+  }
   const int key_hi = min(kv_len, key_lo + chunk);
   const int n_tiles = (key_hi - key_lo + kBlockN - 1) / kBlockN;
 
@@ -459,6 +461,10 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
   const int value_warp = value_slot<RG, kSplit>(warp);
   if (!score_role && value_warp < 0) return;  // an idle warp of the split layout (block barriers count the rest)
   const int vtid = value_warp * 32 + lane;  // index among the value threads (gathers, pool rows)
+
+  const int rows = p.q_len * p.heads;
+  const int block_row0 = row_block * Cfg::kBlockM;
+  const int out_row0 = q_tok0 * p.heads;
 
   // Prologue (value threads): pool rows of the first kIndexSlots tiles, then the gathers of tiles
   // 0 .. kAhead - 1, one cp.async group each. Step j later commits one group: the gather of tile j + kAhead
@@ -494,11 +500,6 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
       widen_tile(smem + Cfg::kRawOffset, smem, vtid);
     }
   }
-
-  const int rows = p.q_len * p.heads;
-  const int q_tok0 = p.qo_indptr[b];
-  const int block_row0 = row_block * Cfg::kBlockM;
-  const int out_row0 = q_tok0 * p.heads;
 
   if (score_role) {
     // ---------------- score warp: rows block_row0 + 16 * pair + {g, g + 8} ----------------

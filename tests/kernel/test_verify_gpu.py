@@ -105,6 +105,27 @@ def test_prefix_shorter_than_planned_bound(adaptive: str, monkeypatch: pytest.Mo
     assert rel_error(out, ref) <= REL_TOL
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("adaptive", ["0", "1"])
+def test_chunks_past_a_request_weigh_nothing_whatever_the_workspace_held(
+    fp8: bool, adaptive: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The combine kernel reads every chunk slot of the grid, not the requests' sizes: the main kernel marks each
+    chunk past a request's keys empty in every launch. So a workspace full of NaN bytes (stale, or never written)
+    must change nothing, for short requests under a grid planned for a long bound."""
+    monkeypatch.setenv("KDTREE_ADAPTIVE_CHUNKS", adaptive)
+    bs, q_len, heads, bound = 4, 9, 8, 60000
+    kw = {"kv_dtype": torch.float8_e4m3fn, "kv_scale": 1 / 32} if fp8 else {}
+    case = make_case(bs, 3000, q_len, heads, ragged=True, seed=21, **kw)  # type: ignore[arg-type]
+    assert launch_plan(bs, q_len, heads, bound, fp8=fp8).splits > 1
+    ws = torch.full((max(1, workspace_size(bs, q_len, heads, bound, fp8=fp8)),), 0xFF, dtype=torch.uint8, device="cuda")
+    out, lse = _run(case, max_prefix_len=bound, workspace=ws)
+    ref, ref_lse = _reference(case)
+    assert not out.isnan().any(), "a stale partial reached the output"
+    assert rel_error(out, ref) <= REL_TOL
+    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3), f"lse max diff {(lse - ref_lse).abs().max():.3e}"
+
+
 @pytest.mark.parametrize("adaptive", ["0", "1"])
 @pytest.mark.parametrize(("bs", "prefix", "q_len", "heads"), [(1, 8192, 9, 8), (4, 3000, 16, 16), (64, 1000, 9, 8)])
 def test_cuda_graph_replay_matches_eager(
