@@ -38,7 +38,7 @@ MAIN_EVENTS = {
     8: "epilogue start",
     9: "epilogue stores issued",
 }
-COMBINE_EVENTS = {0: "entry", 1: "sizes read", 2: "partials merged", 3: "groups met", 4: "store"}
+COMBINE_EVENTS = {0: "entry", 1: "row index read", 2: "partials merged", 3: "groups met", 4: "store"}
 CASES = [(1, 1024, 9, 8), (1, 4096, 9, 8), (1, 8192, 9, 8), (1, 32768, 9, 8), (1, 4096, 2, 8)]
 
 
