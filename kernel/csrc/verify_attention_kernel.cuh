@@ -418,8 +418,8 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
   griddep_wait();  // launched as a programmatic dependent: the previous kernel's writes are visible from here
   // The request's index entries (qo_indptr and both kv_indptr ends) load together at entry: one round trip for
   // the three. Loaded after the prologue barrier, as before, qo_indptr was one more trip in front of the score
-  // warps' Q, and ptxas re-derived the value warps' shared-memory base inside their loop (4-5 S2R a step on
-  // sm_90a, 1 now); long chunks ran 2-4% slower that way (kernel/bench/ab-h200.md AI).
+  // warps' Q, and ptxas re-derived the value warps' shared-memory base inside their loop (3-4 S2R SR_CgaCtaId
+  // a step on sm_90a, none now); long chunks ran 2-4% slower that way (kernel/bench/ab-h200.md AI).
   const int q_tok0 = p.qo_indptr[b];
   const int kv_begin = p.kv_indptr[b];
   const int kv_len = request_keys(p, b);
