@@ -225,11 +225,10 @@ __device__ __forceinline__ void widen_tile(const unsigned char* raw, unsigned ch
 }
 
 // The dims of a score pair: in every 128-byte line (4 k-steps of 16 dims) warp `half` takes k-steps 2 * half
-// and 2 * half + 1, so its k-step m is global k-step score_k_step(m, half). k_lane[e] is this lane's ldmatrix
-// offset, within a stage, of piece pair e of line 0 (line q adds q * 128): lanes 0-7 and 16-23 read the
-// first 8 dims, 8-15 and 24-31 the next 8, of keys lane % 8 (+ 8 for lanes 16-31).
-__device__ __forceinline__ constexpr int score_k_step(int m, int half) { return 4 * (m / 2) + 2 * half + m % 2; }
-
+// and 2 * half + 1, so its local k-step m is global k-step 4 * (m / 2) + 2 * half + m % 2 (load_q_fragments reads
+// Q's dims in that order). k_lane[e] is this lane's ldmatrix offset, within a stage, of piece pair e of line 0
+// (line q adds q * 128): lanes 0-7 and 16-23 read the first 8 dims, 8-15 and 24-31 the next 8, of keys lane % 8
+// (+ 8 for lanes 16-31).
 __device__ __forceinline__ void score_k_lanes(int half, int lane, uint32_t (&k_lane)[2]) {
   const int key = (lane & 7) + (lane >> 4) * 8;
   const int hi = (lane >> 3) & 1;
