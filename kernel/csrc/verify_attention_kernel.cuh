@@ -59,6 +59,12 @@ static_assert(kGatherLanesPerRow == 8, "a copy lane owns one 16-byte piece of ev
 static_assert(kHeadDim % 64 == 0, "each score warp of a pair takes two of the four k-steps of every 128-byte line");
 static_assert(kGatherThreads <= kValueWarps * 32, "the value warps must cover a tile's gathers");
 constexpr float kLn2 = 0.6931471805599453f;
+// Lazy running maximum (scaled log2 domain): a row's maximum moves only when a tile's exceeds it by more than this,
+// so P stays below 2^8 (bf16 and fp16 hold that with the same relative precision as P <= 1; row sums and O are
+// fp32). An eager maximum moves a row at tile t with probability ~1/t on random scores, and a value warp rescales
+// a row tile (32 FMUL) when any of its 16 rows moved: on most tiles of a chunk. Lagging by up to 2^8 leaves a
+// handful of moves a chunk; measured 2-7% faster from 32 rows up (kernel/bench/ab-h200.md AJ).
+constexpr float kLazyMaxLog2 = 8.f;
 
 // FP8 KV (SGLang --kv-cache-dtype fp8_e4m3: float8_e4m3fn rows, keys = row * k_scale, values = row[:512] *
 // v_scale). The value threads gather the raw rows (576 bytes, half the bf16 bytes) into a ring of kRawSlots
@@ -66,8 +72,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 // shared-memory stage (exact: every e4m3 value is an fp16 value); from there the block runs as for bf16, with
 // fp16 mma. Q is rounded to fp16 after a 2^-kFp8QShift prescale that the softmax scale undoes: fp16's range then
 // covers |q| up to 1.6e7, and bf16 Q values are exact in fp16 down to |q| = 2^-6 (below that the absolute
-// error is under 2^-17). P is rounded to fp16 (more mantissa than bf16 for P in [0, 1]). So the fp8 path
-// computes the same function as the bf16 one does on the dequantized pool, to fp16 / fp32 rounding.
+// error is under 2^-17). P is rounded to fp16 (more mantissa than bf16 for P in [0, 2^8], kLazyMaxLog2). So the
+// fp8 path computes the same function as the bf16 one does on the dequantized pool, to fp16 / fp32 rounding.
 // Stages: tile it - 1 (value warps), it (score warps), it + 1 (being widened): 3 fp16 stages, 3 raw slots.
 constexpr int kFp8Stages = 3;
 constexpr int kRawAhead = 2;                               // raw tiles in flight beyond the one being widened
@@ -329,7 +335,9 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
     float raw = fmaxf(fmaxf(sc[0][2 * i], sc[0][2 * i + 1]), fmaxf(sc[1][2 * i], sc[1][2 * i + 1]));
     raw = fmaxf(raw, __shfl_xor_sync(0xffffffffu, raw, 1));
     raw = fmaxf(raw, __shfl_xor_sync(0xffffffffu, raw, 2));
-    const float mx = fmaxf(st.row_max[i], raw * p.scale_log2);
+    const float tile_max = raw * p.scale_log2;
+    // kLazyMaxLog2: the maximum lags. -inf + 8 is -inf, so a row's first visible tile always sets it.
+    const float mx = tile_max > st.row_max[i] + kLazyMaxLog2 ? tile_max : st.row_max[i];
     const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet stays at zero weight
     const float alpha = fast_exp2(st.row_max[i] - base);
     st.row_max[i] = mx;

@@ -126,6 +126,40 @@ def test_chunks_past_a_request_weigh_nothing_whatever_the_workspace_held(
     assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3), f"lse max diff {(lse - ref_lse).abs().max():.3e}"
 
 
+@pytest.mark.parametrize(
+    ("bs", "prefix", "q_len", "heads", "fp8_widen"),
+    [
+        (1, 6000, 9, 8, False),  # 48 + 24 rows, split into chunks and combined
+        (8, 3000, 2, 8, False),  # 16-row blocks
+        (64, 1500, 9, 8, False),  # one chunk a request
+        (2, 6000, 9, 8, True),  # an fp8 pool on the widening path (fp16 P)
+    ],
+)
+def test_a_lagging_running_maximum_matches_reference(
+    bs: int, prefix: int, q_len: int, heads: int, fp8_widen: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The score warps move a row's running maximum only when a tile's maximum exceeds it by more than 2^8, so P
+    reaches 2^8 and the value warps rescale rarely. Key norms that climb along the sequence make every row's
+    maximum creep up tile after tile (moves under the lag, which must not be lost), and one tile of keys far larger
+    makes it jump well past the lag (a rescale)."""
+    kw: dict[str, object] = {}
+    if fp8_widen:
+        monkeypatch.setenv("KDTREE_FP8_PATH", "widen")
+        kw = {"kv_dtype": torch.float8_e4m3fn, "kv_scale": 1 / 8}
+    case = make_case(bs, prefix, q_len, heads, kind="tree", seed=prefix + q_len, **kw)  # type: ignore[arg-type]
+    rows = case.kv_indices.long()
+    climb = torch.linspace(0.3, 2.0, rows.numel(), device="cuda")
+    climb[rows.numel() // 3 : rows.numel() // 3 + 16] = 5.0
+    pool = case.kv_buffer.float()
+    pool[rows] *= climb[:, None, None]
+    case.kv_buffer.copy_(pool.to(case.kv_buffer.dtype))
+    out, lse = _run(case)
+    ref, ref_lse = _reference(case)
+    assert torch.isfinite(out.float()).all()
+    assert rel_error(out, ref) <= REL_TOL
+    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3), f"lse max diff {(lse - ref_lse).abs().max():.3e}"
+
+
 @pytest.mark.parametrize("adaptive", ["0", "1"])
 @pytest.mark.parametrize(("bs", "prefix", "q_len", "heads"), [(1, 8192, 9, 8), (4, 3000, 16, 16), (64, 1000, 9, 8)])
 def test_cuda_graph_replay_matches_eager(
