@@ -132,6 +132,76 @@ def compare_partial_bytes(out: TextIO) -> None:
         torch.cuda.empty_cache()
 
 
+# Where --row-groups looks: small batches of the K2.6 verify case (72 rows) and of 32 and 128 rows.
+ROW_GROUP_CASES = [
+    (1, 1024, 9, 8),
+    (1, 2048, 9, 8),
+    (1, 4096, 9, 8),
+    (1, 8192, 9, 8),
+    (1, 16384, 9, 8),
+    (1, 32768, 9, 8),
+    (2, 4096, 9, 8),
+    (2, 16384, 9, 8),
+    (4, 8192, 9, 8),
+    (1, 8192, 4, 8),
+    (1, 32768, 4, 8),
+    (1, 8192, 16, 8),
+]
+ROW_GROUP_CHUNKS = [32, 64, 128, 256, 512, 1024]
+
+
+def sweep_row_groups(cases: list[tuple[int, ...]], out: TextIO) -> None:
+    """Each case with blocks of every row-group count (16, 32 or 48 rows) at the chunk the cost model picks for
+    that count and at the chunk sizes around it, beside the planner's own pick."""
+    device = torch.cuda.current_device()
+    sms = ops._num_sms(device)
+    for i, (bs, prefix, q_len, heads) in enumerate(cases):
+        r = CaseRunner(bs, prefix, q_len, heads, "tree", seed=91 + i)
+        picked = PLANNED(bs, q_len, heads, prefix)
+        max_keys = prefix + q_len
+        for groups in range(1, plan_module.MAX_ROW_GROUPS + 1):
+            model = plan_module.plan_launch(
+                bs,
+                q_len,
+                heads,
+                prefix,
+                num_sms=sms,
+                blocks_per_sm=ops._blocks_per_sm(groups),
+                max_row_groups=groups,
+                fixed_row_groups=True,
+            )
+            if model.row_groups != groups:
+                continue  # fewer rows than such a block holds
+            options = [("model", model)] + [
+                (str(c), forced(model, c, max_keys))
+                for c in ROW_GROUP_CHUNKS
+                if c < max_keys and c != model.chunk_keys and model.row_blocks * bs * math.ceil(max_keys / c) <= 3 * sms
+            ]
+            for label, plan in options:
+                ops.launch_plan = lambda *a, _p=plan, **k: _p  # the op asks for its grid here
+                r.ws = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device="cuda")
+                us = graph_time_us([r.ours(x) for x in r.cases])
+                rec = {
+                    "bs": bs,
+                    "prefix": prefix,
+                    "q_len": q_len,
+                    "heads": heads,
+                    "row_groups": groups,
+                    "row_blocks": plan.row_blocks,
+                    "chunk": plan.chunk_keys,
+                    "splits": plan.splits,
+                    "blocks": plan.blocks,
+                    "label": label,
+                    "picked": plan == picked,
+                    "us": round(us, 2),
+                }
+                print(json.dumps(rec), flush=True)
+                out.write(json.dumps(rec) + "\n")
+        ops.launch_plan = PLANNED
+        del r
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True, type=Path)
@@ -142,8 +212,15 @@ def main() -> None:
     parser.add_argument(
         "--cases", default="", help="sweep these cases instead of CASES: BSxPREFIXxQLENxHEADS, comma-separated"
     )
+    parser.add_argument(
+        "--row-groups", action="store_true", help="every row-group count and chunks around its plan (ROW_GROUP_CASES)"
+    )
     args = parser.parse_args()
     cases = [tuple(int(x) for x in item.split("x")) for item in args.cases.split(",") if item] or CASES
+    if args.row_groups:
+        with args.out.open("a") as out:
+            sweep_row_groups(cases if args.cases else ROW_GROUP_CASES, out)
+        return
     if args.partial_bytes:
         with args.out.open("a") as out:
             compare_partial_bytes(out)

@@ -45,6 +45,9 @@ for stage in $stages; do
       rm -rf /tmp/phase-src && cp -r kernel/csrc /tmp/phase-src && patch -s -d /tmp/phase-src -p1 < kernel/bench/phases-kernel.diff || exit 14
       python3 deploy/build_extension.py --arch 9.0 --source-dir /tmp/phase-src --out /tmp/phase-build --log "$OUT/build-phases.log" --timeout 420 --jobs 16 || { tail -30 "$OUT/build-phases.log"; exit 14; }
       KDTREE_EXT_DIR=/tmp/phase-build python3 kernel/bench/trace_phases.py --out "$OUT/phases.json" 2>&1 | tee "$OUT/phases.log" ;;
+    row-groups)
+      # Small batches with blocks of 16, 32 and 48 rows at chunk sizes around each one's plan (SPLIT_CASES: other cases).
+      python3 kernel/bench/probe_splits.py --row-groups --cases "${SPLIT_CASES:-}" --out "$OUT/row-groups.jsonl" > "$OUT/row-groups.log" 2>&1; tail -3 "$OUT/row-groups.log" ;;
     partial-bytes)
       # Plans that the cost model's count of partial bytes (fp32 before, bf16 now) changes, timed both ways.
       python3 kernel/bench/probe_splits.py --partial-bytes --out "$OUT/partial-bytes.jsonl" > "$OUT/partial-bytes.log" 2>&1; tail -3 "$OUT/partial-bytes.log" ;;
@@ -80,6 +83,7 @@ for stage in $stages; do
         pids+=($!)
       fi
       for d in .ab/*/; do
+        [ -d "$d" ] || continue  # no saved variants: the working tree alone (with AB_ENVS)
         python3 deploy/build_extension.py --arch 9.0 --source-dir "$d" --out "${d}build" --log "/tmp/build-$(basename "$d").log" --timeout 420 --jobs 4 &
         pids+=($!)
       done
@@ -97,6 +101,7 @@ for stage in $stages; do
       for check in "${rounds[@]}"; do
         for mode in "${modes[@]}"; do
           for d in kernel/build .ab/*/build; do
+            [ -d "$d" ] || continue
             label=$( [ "$d" = kernel/build ] && echo new || basename "$(dirname "$d")" )
             KDTREE_EXT_DIR="$PWD/$d" timeout 300 python3 kernel/bench/ab_kernel.py --label "$label" --out "$OUT/ab.jsonl" --cases "${AB_CASES:-}" --shapes "${AB_SHAPES:-}" $check $mode > /dev/null 2>> "$OUT/ab.log" || tail -20 "$OUT/ab.log"
             [ "$d" = kernel/build ] || continue

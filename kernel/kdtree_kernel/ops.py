@@ -18,7 +18,6 @@ from .plan import (
     LaunchPlan,
     max_workspace_bytes,
     plan_launch,
-    row_tiling,
 )
 
 # "1": every request spreads its own keys over all planned splits (chunk chosen on the device from its
@@ -28,6 +27,9 @@ ADAPTIVE_CHUNKS_ENV = "KDTREE_ADAPTIVE_CHUNKS"
 # "widen": an fp8 pool with more than 16 rows per request runs the first fp8 path (raw e4m3 widened to fp16 in
 # shared memory, 48-row blocks) instead of 16-row blocks of the e4m3 tensor-core kernel (for A/B timing).
 FP8_PATH_ENV = "KDTREE_FP8_PATH"
+# "fixed": a bf16 pool's blocks hold 48 rows, as few as cover the rows (the planner before it weighed 16- and
+# 32-row blocks too), for A/B timing and for tests of the 48-row block's configurations.
+ROW_GROUPS_ENV = "KDTREE_ROW_GROUPS"
 
 
 @functools.cache
@@ -39,9 +41,13 @@ def _num_sms(device_index: int) -> int:
 KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
 
 
-def _fp8_max_row_groups() -> int:
-    """Row groups per block of an fp8 launch: 1 (the e4m3 tensor-core kernel) unless FP8_PATH_ENV says widen."""
-    return MAX_ROW_GROUPS if os.environ.get(FP8_PATH_ENV) == "widen" else 1
+def _row_groups(fp8: bool) -> tuple[int, bool]:
+    """(most row groups a block may have, whether exactly that many): a bf16 pool's plan weighs blocks of 16, 32 and
+    48 rows (plan.py); an fp8 pool takes the e4m3 tensor-core kernel's 16-row blocks, or with FP8_PATH_ENV=widen
+    the widening path's 48-row blocks, as few as cover the rows."""
+    if not fp8:
+        return MAX_ROW_GROUPS, os.environ.get(ROW_GROUPS_ENV) == "fixed"
+    return (MAX_ROW_GROUPS if os.environ.get(FP8_PATH_ENV) == "widen" else 1), True
 
 
 @functools.cache
@@ -69,10 +75,16 @@ def launch_plan(
     fp8: bool = False,
 ) -> LaunchPlan:
     """The grid verify_attention uses on ``device`` for these sizes (reads device properties, no sync)."""
-    max_groups = _fp8_max_row_groups() if fp8 else MAX_ROW_GROUPS
-    row_groups, _ = row_tiling(q_len, heads, max_groups) if 1 <= q_len <= MAX_Q_LEN else (1, 1)
+    max_groups, fixed = _row_groups(fp8)
     index = _device_index(device)
-    return _plan(bs, q_len, heads, max_prefix_len, _num_sms(index), _blocks_per_sm(row_groups, fp8), max_groups)
+    return _plan(bs, q_len, heads, max_prefix_len, _num_sms(index), _slots_per_sm(fp8), max_groups, fixed)
+
+
+def _slots_per_sm(fp8: bool) -> int:
+    """Blocks an SM holds of every row-group count a launch may take (the fewest of them: the planner counts
+    waves with one figure; every bf16 block runs one to an SM)."""
+    max_groups, fixed = _row_groups(fp8)
+    return min(_blocks_per_sm(g, fp8) for g in range(max_groups if fixed else 1, max_groups + 1))
 
 
 # plan_launch weighs every chunk count (up to 256) and takes 75-235 us of Python; the backend asks for the same
@@ -81,7 +93,14 @@ def launch_plan(
 # clear it (kernel/bench/probe_splits.py).
 @functools.lru_cache(maxsize=256)
 def _plan(
-    bs: int, q_len: int, heads: int, max_prefix_len: int, num_sms: int, blocks_per_sm: int, max_row_groups: int
+    bs: int,
+    q_len: int,
+    heads: int,
+    max_prefix_len: int,
+    num_sms: int,
+    blocks_per_sm: int,
+    max_row_groups: int,
+    fixed_row_groups: bool = False,
 ) -> LaunchPlan:
     return plan_launch(
         bs,
@@ -91,6 +110,7 @@ def _plan(
         num_sms=num_sms,
         blocks_per_sm=blocks_per_sm,
         max_row_groups=max_row_groups,
+        fixed_row_groups=fixed_row_groups,
     )
 
 
@@ -111,8 +131,7 @@ def workspace_size(
     """
     if not 1 <= q_len <= MAX_Q_LEN:
         raise ValueError(f"q_len must be in [1, {MAX_Q_LEN}], got {q_len}")
-    max_groups = _fp8_max_row_groups() if fp8 else MAX_ROW_GROUPS
-    row_groups, _ = row_tiling(q_len, heads, max_groups)
+    max_groups, fixed = _row_groups(fp8)
     index = _device_index(device)
     return max_workspace_bytes(
         bs,
@@ -120,8 +139,9 @@ def workspace_size(
         heads,
         max_prefix_len,
         num_sms=_num_sms(index),
-        blocks_per_sm=_blocks_per_sm(row_groups, fp8),
+        blocks_per_sm=_slots_per_sm(fp8),
         max_row_groups=max_groups,
+        fixed_row_groups=fixed,
     )
 
 

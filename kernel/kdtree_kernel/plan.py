@@ -20,10 +20,18 @@ MAX_ROW_GROUPS = 3
 ROWS_PER_GROUP = 16
 MIN_CHUNK_KEYS = BLOCK_N  # bs = 1 with a 1k prefix is fastest at 32-key chunks (kernel/bench/splits-h200.md)
 MAX_SPLITS = 256
-# Cost model in units of "one KV tile per block": fixed per-block work (Q load, pipeline fill, epilogue) and
-# the combine pass (a launch plus the partials' round trip, ~4.9 MB per tile-step of the whole GPU). On the
-# H200 it picks the fastest of 11 chunk sizes timed for each of 8 small-batch cases (splits-h200.md).
-BLOCK_OVERHEAD_TILES = 1.5
+# Cost model in units of "one KV tile of a 48-row block": per row-group count (1, 2, 3), the cost of a tile and
+# the fixed per-block work (Q load, pipeline fill, epilogue); and the combine pass (a launch plus the partials'
+# round trip, ~4.9 MB per tile-step of the whole GPU). On the H200 the 48-row block's constants pick the fastest of
+# 11 chunk sizes timed for each of 8 small-batch cases (splits-h200.md).
+# Blocks of 16 and 32 rows run a shorter step (one or two score pairs, a third or two thirds of the value warps'
+# mma) and load a third or two thirds of the Q: where a small batch leaves the GPU to be filled by KV chunks they can
+# win although they read each key more often (72 rows: five 16-row blocks against two 48-row ones). Their
+# constants are a least-squares fit to 62 timings of 12 small batches with every row-group count near its planned
+# chunk, relative to the 48-row block's (3% rms; kernel/bench/splits-h200.md, "Row groups"), with which the
+# planner picks the fastest (row groups, chunk) timed in all 12.
+TILE_COST = (0.64, 0.78, 1.0)
+BLOCK_OVERHEAD_TILES = (0.46, 1.18, 1.5)
 COMBINE_LAUNCH_TILES = 2.0
 BYTES_PER_TILE_STEP = 4.9e6
 PARTIAL_ROW_BYTES = VALUE_DIM * 2 + 4  # the workspace's layout: bf16 partial row + fp32 LSE
@@ -75,10 +83,12 @@ def row_tiling(q_len: int, heads: int, max_row_groups: int = MAX_ROW_GROUPS) -> 
     return row_groups, row_blocks
 
 
-def _split_cost(splits: int, blocks: int, slots: int, max_keys: int, partial_bytes_per_split: int) -> float:
+def _split_cost(
+    row_groups: int, splits: int, blocks: int, slots: int, max_keys: int, partial_bytes_per_split: int
+) -> float:
     waves = math.ceil(blocks * splits / slots)
     tiles = math.ceil(math.ceil(max_keys / splits) / BLOCK_N)
-    cost = waves * (tiles + BLOCK_OVERHEAD_TILES)
+    cost = waves * (tiles * TILE_COST[row_groups - 1] + BLOCK_OVERHEAD_TILES[row_groups - 1])
     if splits > 1:
         cost += COMBINE_LAUNCH_TILES + splits * partial_bytes_per_split / BYTES_PER_TILE_STEP
     return cost
@@ -93,9 +103,12 @@ def plan_launch(
     num_sms: int,
     blocks_per_sm: int = 1,
     max_row_groups: int = MAX_ROW_GROUPS,
+    fixed_row_groups: bool = False,
 ) -> LaunchPlan:
-    """Choose the grid for a batch of ``bs`` requests whose prefixes are at most ``max_prefix_len`` keys
-    (``max_row_groups``: see row_tiling)."""
+    """Choose the grid for a batch of ``bs`` requests whose prefixes are at most ``max_prefix_len`` keys: the
+    row-group count (1..``max_row_groups``) and KV chunk of least modelled cost where the fewest blocks that cover
+    the rows (row_tiling) leave SMs idle, else those blocks and their chunk. ``fixed_row_groups``: always the fewest
+    blocks of at most ``max_row_groups`` x 16 rows."""
     if bs < 1:
         raise ValueError(f"bs must be >= 1, got {bs}")
     if not 1 <= q_len <= MAX_Q_LEN:
@@ -106,16 +119,39 @@ def plan_launch(
         raise ValueError(f"max_prefix_len must be >= 0, got {max_prefix_len}")
     if not 1 <= max_row_groups <= MAX_ROW_GROUPS:
         raise ValueError(f"max_row_groups must be in [1, {MAX_ROW_GROUPS}], got {max_row_groups}")
-    row_groups, row_blocks = row_tiling(q_len, heads, max_row_groups)
     max_keys = max_prefix_len + q_len
     slots = max(1, num_sms * max(1, blocks_per_sm))
-    blocks = bs * row_blocks
     rows = q_len * heads
+    fewest = row_tiling(q_len, heads, max_row_groups)
+    # Smaller blocks only where the batch leaves SMs for KV chunks to fill: where the fewest blocks fill the GPU
+    # by themselves they also read each key the fewest times (32-row blocks in their place, chosen by the model
+    # on wave counts, ran 3% slower at bs 32 x 4k q 32 and bs 64 x 4k q 16; kernel/bench/ab-h200.md AJ).
+    if fixed_row_groups or bs * fewest[1] >= slots:
+        tilings = {fewest}
+    else:
+        tilings = {row_tiling(q_len, heads, g) for g in range(1, max_row_groups + 1)}
+    plans = [_chunked(bs, rows, row_groups, row_blocks, max_keys, slots) for row_groups, row_blocks in tilings]
+    # Compared on the bytes the partials really have (bf16); ties go to fewer, larger blocks.
+    return min(
+        plans,
+        key=lambda p: (
+            _split_cost(p.row_groups, p.splits, bs * p.row_blocks, slots, max_keys, 2 * bs * rows * PARTIAL_ROW_BYTES),
+            -p.row_groups,
+        ),
+    )
+
+
+def _chunked(bs: int, rows: int, row_groups: int, row_blocks: int, max_keys: int, slots: int) -> LaunchPlan:
+    """The plan of least modelled cost for this row tiling: its KV chunk."""
+    blocks = bs * row_blocks
     upper = max(1, min(MAX_SPLITS, math.ceil(max_keys / MIN_CHUNK_KEYS)))
 
     def chunking(partial_row_bytes: int) -> tuple[int, int]:
         per_split = 2 * bs * rows * partial_row_bytes  # each chunk's partials, written and read back
-        splits = min(range(1, upper + 1), key=lambda s: (_split_cost(s, blocks, slots, max_keys, per_split), s))
+        splits = min(
+            range(1, upper + 1),
+            key=lambda s: (_split_cost(row_groups, s, blocks, slots, max_keys, per_split), s),
+        )
         chunk_keys = math.ceil(math.ceil(max_keys / splits) / BLOCK_N) * BLOCK_N
         return math.ceil(max_keys / chunk_keys), chunk_keys  # rounding the chunk up can leave the last split empty
 
@@ -138,12 +174,20 @@ def max_workspace_bytes(
     num_sms: int,
     blocks_per_sm: int = 1,
     max_row_groups: int = MAX_ROW_GROUPS,
+    fixed_row_groups: bool = False,
 ) -> int:
     """Workspace that serves every batch size 1..bs (smaller batches split their keys further, so their
     partials can outgrow those of the largest batch); what a CUDA-graph runner allocates once."""
     return max(
         plan_launch(
-            b, q_len, heads, max_prefix_len, num_sms=num_sms, blocks_per_sm=blocks_per_sm, max_row_groups=max_row_groups
+            b,
+            q_len,
+            heads,
+            max_prefix_len,
+            num_sms=num_sms,
+            blocks_per_sm=blocks_per_sm,
+            max_row_groups=max_row_groups,
+            fixed_row_groups=fixed_row_groups,
         ).workspace_bytes
         for b in range(1, bs + 1)
     )

@@ -50,6 +50,7 @@ def test_small_batch_is_split_to_fill_the_gpu() -> None:
 def test_large_batch_is_not_split() -> None:
     plan = plan_launch(64, 9, 8, 8192, num_sms=SMS)
     assert plan.splits == 1
+    assert plan.row_groups == MAX_ROW_GROUPS  # the batch fills the GPU: the fewest blocks (each key read twice)
     assert plan.workspace_bytes == 0
 
 
@@ -96,7 +97,7 @@ def test_workspace_covers_every_smaller_batch(q_len: int, heads: int, prefix: in
 
 
 # (bs, prefix, q_len, heads) -> the chunk size timed fastest on the H200 (132 SMs) among 11 sizes from 32 to 4096
-# keys (kernel/bench/splits-h200.md).
+# keys, for the fewest blocks that cover the rows (48 rows where there are more; kernel/bench/splits-h200.md).
 H200_FASTEST_CHUNK = {
     (1, 1024, 9, 8): 32,
     (1, 8192, 9, 8): 128,
@@ -127,7 +128,49 @@ H200_FASTER_OF_TWO_CHUNKS = {
 @pytest.mark.parametrize(("case", "chunk"), [*H200_FASTEST_CHUNK.items(), *H200_FASTER_OF_TWO_CHUNKS.items()])
 def test_plan_picks_the_chunk_measured_fastest(case: tuple[int, int, int, int], chunk: int) -> None:
     bs, prefix, q_len, heads = case
-    assert plan_launch(bs, q_len, heads, prefix, num_sms=SMS).chunk_keys == chunk
+    assert plan_launch(bs, q_len, heads, prefix, num_sms=SMS, fixed_row_groups=True).chunk_keys == chunk
+
+
+# (bs, prefix, q_len, heads) -> (row groups, chunk) timed fastest on the H200 among blocks of 16, 32 and 48 rows,
+# each at up to 7 chunk sizes around its own plan (kernel/bench/splits-h200.md, "Row groups").
+H200_FASTEST_ROW_GROUPS = {
+    (1, 1024, 9, 8): (1, 64),  # 9.5 us; 48-row blocks 11.7
+    (1, 2048, 9, 8): (1, 96),  # 10.6; 12.8
+    (1, 4096, 9, 8): (1, 160),  # 12.7; 14.5
+    (1, 8192, 9, 8): (2, 192),  # 17.3; 17.9
+    (1, 16384, 9, 8): (3, 256),  # 24.7; 32 rows 24.9
+    (1, 32768, 9, 8): (3, 512),  # 37.9; 40.3
+    (2, 4096, 9, 8): (2, 192),  # 17.1; 19.0
+    (2, 16384, 9, 8): (3, 512),  # 39.2; 40.1
+    (4, 8192, 9, 8): (3, 544),  # 39.1; 40.1
+    (1, 8192, 4, 8): (1, 128),  # 32 rows: 13.0 against one 32-row block 14.6
+    (1, 32768, 4, 8): (2, 256),  # 22.5; 16-row blocks 25.0
+    (1, 8192, 16, 8): (2, 256),  # 128 rows: 20.0; 48-row blocks 21.0
+}
+
+
+@pytest.mark.parametrize(("case", "picked"), H200_FASTEST_ROW_GROUPS.items())
+def test_plan_picks_the_row_groups_measured_fastest(case: tuple[int, int, int, int], picked: tuple[int, int]) -> None:
+    bs, prefix, q_len, heads = case
+    plan = plan_launch(bs, q_len, heads, prefix, num_sms=SMS)
+    assert (plan.row_groups, plan.chunk_keys) == picked
+
+
+@pytest.mark.parametrize(("bs", "prefix", "q_len", "heads"), [(32, 4096, 32, 8), (64, 4096, 16, 8), (16, 2048, 64, 8)])
+def test_a_batch_whose_fewest_blocks_fill_the_gpu_keeps_them(bs: int, prefix: int, q_len: int, heads: int) -> None:
+    """Smaller blocks are weighed only where the fewest leave SMs idle (timed: 32-row blocks, which the model prefers
+    here on wave counts, ran 3% slower at the first two)."""
+    assert bs * row_tiling(q_len, heads)[1] >= SMS
+    plan = plan_launch(bs, q_len, heads, prefix, num_sms=SMS)
+    assert plan == plan_launch(bs, q_len, heads, prefix, num_sms=SMS, fixed_row_groups=True)
+    assert plan.row_groups == MAX_ROW_GROUPS
+
+
+@pytest.mark.parametrize(("bs", "prefix", "q_len", "heads"), [(1, 4096, 9, 8), (2, 3000, 16, 16), (64, 8192, 9, 8)])
+def test_fixed_row_groups_takes_the_fewest_blocks(bs: int, prefix: int, q_len: int, heads: int) -> None:
+    plan = plan_launch(bs, q_len, heads, prefix, num_sms=SMS, fixed_row_groups=True)
+    assert (plan.row_groups, plan.row_blocks) == row_tiling(q_len, heads)
+    assert plan_launch(bs, q_len, heads, prefix, num_sms=SMS, max_row_groups=1).row_groups == 1
 
 
 @pytest.mark.parametrize(
@@ -148,5 +191,5 @@ def test_plan_picks_the_chunk_measured_fastest(case: tuple[int, int, int, int], 
 def test_split_warp_layout_only_for_long_chunks(
     bs: int, prefix: int, q_len: int, heads: int, split_layout: bool
 ) -> None:
-    plan = plan_launch(bs, q_len, heads, prefix, num_sms=SMS)
+    plan = plan_launch(bs, q_len, heads, prefix, num_sms=SMS, fixed_row_groups=True)
     assert plan.split_schedulers is split_layout

@@ -14,10 +14,24 @@ SIZES = list(itertools.product((1, 3, 64), (1, 9, 64), (8, 16), (0, 1000, 131072
 
 def test_memoised_plans_are_the_planners() -> None:
     for bs, q_len, heads, prefix in SIZES:
-        for sms, per_sm, groups in ((132, 1, 3), (188, 1, 3), (132, 2, 1)):
-            got = _plan(bs, q_len, heads, prefix, sms, per_sm, groups)
-            want = plan_launch(bs, q_len, heads, prefix, num_sms=sms, blocks_per_sm=per_sm, max_row_groups=groups)
-            assert got == want, (bs, q_len, heads, prefix, sms, per_sm, groups)
+        for sms, per_sm, groups, fixed in (
+            (132, 1, 3, False),
+            (188, 1, 3, False),
+            (132, 1, 3, True),
+            (132, 2, 1, True),
+        ):
+            got = _plan(bs, q_len, heads, prefix, sms, per_sm, groups, fixed)
+            want = plan_launch(
+                bs,
+                q_len,
+                heads,
+                prefix,
+                num_sms=sms,
+                blocks_per_sm=per_sm,
+                max_row_groups=groups,
+                fixed_row_groups=fixed,
+            )
+            assert got == want, (bs, q_len, heads, prefix, sms, per_sm, groups, fixed)
 
 
 def test_a_repeated_request_is_served_from_the_memo() -> None:
@@ -35,3 +49,4 @@ def test_every_argument_is_part_of_the_key() -> None:
     assert _plan(*base[:6], 1).row_groups == 1 != plan.row_groups
     assert _plan(*base[:4], 188, 1, 3).splits != plan.splits
     assert _plan(1, 9, 8, 1024, 132, 1, 3).chunk_keys != plan.chunk_keys
+    assert _plan(*base, True).row_groups == 3 != plan.row_groups  # fixed: the fewest blocks

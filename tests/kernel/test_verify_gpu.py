@@ -236,7 +236,10 @@ def test_deterministic_across_calls() -> None:
         (2, 70, 16, 128, "chain"),
     ],
 )
-def test_every_row_group_count_matches_reference(bs: int, prefix: int, q_len: int, heads: int, kind: str) -> None:
+def test_every_row_group_count_matches_reference(
+    bs: int, prefix: int, q_len: int, heads: int, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KDTREE_ROW_GROUPS", "fixed")  # the tilings named above: as few blocks as cover the rows
     case = make_case(bs, prefix, q_len, heads, kind=kind, ragged=True, seed=bs + q_len)
     out, lse = _run(case)
     ref, ref_lse = _reference(case)
@@ -253,7 +256,10 @@ def test_every_row_group_count_matches_reference(bs: int, prefix: int, q_len: in
         (64, 1500, 9, 8, True),  # 72 rows, one chunk: the second block's third score pair idle
     ],
 )
-def test_both_warp_layouts_match_reference(bs: int, prefix: int, q_len: int, heads: int, split_layout: bool) -> None:
+def test_both_warp_layouts_match_reference(
+    bs: int, prefix: int, q_len: int, heads: int, split_layout: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KDTREE_ROW_GROUPS", "fixed")  # 48-row blocks (the planner may take smaller ones here)
     plan = launch_plan(bs, q_len, heads, prefix)
     assert plan.row_groups == 3
     assert plan.split_schedulers is split_layout
