@@ -96,13 +96,14 @@ def smem_bytes_per_step(row_groups: int, fp8: bool) -> int:
 
 
 def count_work(bs: int, prefix: int, q_len: int, heads: int, *, fp8: bool, gpu: Gpu) -> Work:
-    plan = PLAN.plan_launch(bs, q_len, heads, prefix, num_sms=gpu.sms, blocks_per_sm=1)
+    # fp8: the counts below model the widening path's 48-row blocks, so its plan keeps them.
+    plan = PLAN.plan_launch(bs, q_len, heads, prefix, num_sms=gpu.sms, blocks_per_sm=1, fixed_row_groups=fp8)
     keys = prefix + q_len
     rows = q_len * heads
     row_bytes = HEAD_DIM * (1 if fp8 else 2)
     io = bs * q_len * heads * (HEAD_DIM + VALUE_DIM) * 2
     if plan.splits > 1:
-        io += 2 * bs * plan.splits * rows * (VALUE_DIM + 1) * 4
+        io += 2 * bs * plan.splits * rows * PLAN.PARTIAL_ROW_BYTES  # bf16 partial rows + fp32 LSEs, out and back
     dram = bs * keys * row_bytes + io
     padded_rows = plan.row_blocks * plan.row_groups * 16
     steps = math.ceil(plan.chunk_keys / BLOCK_N)
