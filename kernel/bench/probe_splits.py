@@ -43,6 +43,33 @@ def forced(plan: LaunchPlan, chunk: int, max_keys: int) -> LaunchPlan:
     return replace(plan, splits=math.ceil(max_keys / chunk), chunk_keys=chunk)
 
 
+def time_forced(r: CaseRunner, plan: LaunchPlan) -> float:
+    """The op's time (us) on the case's input sets with its grid forced to ``plan``."""
+    ops.launch_plan = lambda *a, _p=plan, **k: _p  # the op asks for its grid here
+    try:
+        r.ws = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device="cuda")
+        return graph_time_us([r.ours(x) for x in r.cases])
+    finally:
+        ops.launch_plan = PLANNED
+
+
+def _sizes(bs: int, prefix: int, q_len: int, heads: int, plan: LaunchPlan) -> dict[str, int]:
+    return {
+        "bs": bs,
+        "prefix": prefix,
+        "q_len": q_len,
+        "heads": heads,
+        "chunk": plan.chunk_keys,
+        "splits": plan.splits,
+        "blocks": plan.blocks,
+    }
+
+
+def emit(out: TextIO, rec: dict[str, object]) -> None:
+    print(json.dumps(rec), flush=True)
+    out.write(json.dumps(rec) + "\n")
+
+
 def kernel_times(out: TextIO) -> None:
     """GPU time of each kernel of the op (main, combine) at the planned grid, from the torch profiler over eager
     calls: the graph time minus their sum is what launches and gaps cost."""
@@ -111,11 +138,8 @@ def compare_partial_bytes(out: TextIO) -> None:
         best: dict[str, float] = {}
         for _ in range(2):
             for label, plan in plans.items():
-                ops.launch_plan = lambda *a, _p=plan, **k: _p  # the op asks for its grid here
-                r.ws = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device="cuda")
-                us = graph_time_us([r.ours(x) for x in r.cases])
+                us = time_forced(r, plan)
                 best[label] = min(best.get(label, us), us)
-        ops.launch_plan = PLANNED
         rec = {
             "bs": bs,
             "prefix": prefix,
@@ -126,8 +150,7 @@ def compare_partial_bytes(out: TextIO) -> None:
             **{f"{label}_us": round(us, 2) for label, us in best.items()},
             "planned": next(label for label, plan in plans.items() if plan == picked),
         }
-        print(json.dumps(rec), flush=True)
-        out.write(json.dumps(rec) + "\n")
+        emit(out, rec)
         del r
         torch.cuda.empty_cache()
 
@@ -178,26 +201,18 @@ def sweep_row_groups(cases: list[tuple[int, ...]], out: TextIO) -> None:
                 if c < max_keys and c != model.chunk_keys and model.row_blocks * bs * math.ceil(max_keys / c) <= 3 * sms
             ]
             for label, plan in options:
-                ops.launch_plan = lambda *a, _p=plan, **k: _p  # the op asks for its grid here
-                r.ws = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device="cuda")
-                us = graph_time_us([r.ours(x) for x in r.cases])
-                rec = {
-                    "bs": bs,
-                    "prefix": prefix,
-                    "q_len": q_len,
-                    "heads": heads,
-                    "row_groups": groups,
-                    "row_blocks": plan.row_blocks,
-                    "chunk": plan.chunk_keys,
-                    "splits": plan.splits,
-                    "blocks": plan.blocks,
-                    "label": label,
-                    "picked": plan == picked,
-                    "us": round(us, 2),
-                }
-                print(json.dumps(rec), flush=True)
-                out.write(json.dumps(rec) + "\n")
-        ops.launch_plan = PLANNED
+                us = time_forced(r, plan)
+                emit(
+                    out,
+                    {
+                        **_sizes(bs, prefix, q_len, heads, plan),
+                        "row_groups": groups,
+                        "row_blocks": plan.row_blocks,
+                        "label": label,
+                        "picked": plan == picked,
+                        "us": round(us, 2),
+                    },
+                )
         del r
         torch.cuda.empty_cache()
 
@@ -238,23 +253,8 @@ def main() -> None:
                 (str(c), forced(default, c, max_keys)) for c in CHUNKS if c < max_keys * 2 and c != default.chunk_keys
             ]
             for label, plan in options:
-                ops.launch_plan = lambda *a, _p=plan, **k: _p  # the op asks for its grid here
-                r.ws = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device="cuda")
-                us = graph_time_us([r.ours(x) for x in r.cases])
-                rec = {
-                    "bs": bs,
-                    "prefix": prefix,
-                    "q_len": q_len,
-                    "heads": heads,
-                    "chunk": plan.chunk_keys,
-                    "splits": plan.splits,
-                    "blocks": plan.blocks,
-                    "label": label,
-                    "us": round(us, 2),
-                }
-                print(json.dumps(rec), flush=True)
-                out.write(json.dumps(rec) + "\n")
-            ops.launch_plan = PLANNED
+                us = time_forced(r, plan)
+                emit(out, {**_sizes(bs, prefix, q_len, heads, plan), "label": label, "us": round(us, 2)})
             del r
             torch.cuda.empty_cache()
 
