@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import itertools
 
-from kdtree_kernel.ops import _plan
+import pytest
+from kdtree_kernel.ops import _plan, _row_groups
 from kdtree_kernel.plan import plan_launch
 
 SIZES = list(itertools.product((1, 3, 64), (1, 9, 64), (8, 16), (0, 1000, 131072)))
@@ -50,3 +51,16 @@ def test_every_argument_is_part_of_the_key() -> None:
     assert _plan(*base[:4], 188, 1, 3).splits != plan.splits
     assert _plan(1, 9, 8, 1024, 132, 1, 3).chunk_keys != plan.chunk_keys
     assert _plan(*base, True).row_groups == 3 != plan.row_groups  # fixed: the fewest blocks
+
+
+def test_row_group_policy_per_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 pools weigh blocks of 16, 32 and 48 rows; KDTREE_ROW_GROUPS=fixed and every fp8 pool take the fewest
+    blocks of their kernel (the e4m3 kernel's 16 rows, or the widening path's 48)."""
+    monkeypatch.delenv("KDTREE_ROW_GROUPS", raising=False)
+    monkeypatch.delenv("KDTREE_FP8_PATH", raising=False)
+    assert _row_groups(fp8=False) == (3, False)
+    assert _row_groups(fp8=True) == (1, True)
+    monkeypatch.setenv("KDTREE_ROW_GROUPS", "fixed")
+    assert _row_groups(fp8=False) == (3, True)
+    monkeypatch.setenv("KDTREE_FP8_PATH", "widen")
+    assert _row_groups(fp8=True) == (3, True)
