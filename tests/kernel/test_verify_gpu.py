@@ -129,10 +129,10 @@ def test_chunks_past_a_request_weigh_nothing_whatever_the_workspace_held(
 @pytest.mark.parametrize(
     ("bs", "prefix", "q_len", "heads", "fp8_widen"),
     [
-        (1, 6000, 9, 8, False),  # 48 + 24 rows, split into chunks and combined
+        (1, 6000, 9, 8, False),  # 72 rows in 32-row blocks, split into chunks and combined
         (8, 3000, 2, 8, False),  # 16-row blocks
-        (64, 1500, 9, 8, False),  # one chunk a request
-        (2, 6000, 9, 8, True),  # an fp8 pool on the widening path (fp16 P)
+        (64, 1500, 9, 8, False),  # 48 + 24 rows, one chunk a request
+        (2, 6000, 9, 8, True),  # an fp8 pool on the widening path (fp16 P, 48-row blocks, combined)
     ],
 )
 def test_a_lagging_running_maximum_matches_reference(
