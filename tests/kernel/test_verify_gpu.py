@@ -62,6 +62,13 @@ def _run(case, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
+def _assert_matches(out: torch.Tensor, lse: torch.Tensor, ref: torch.Tensor, ref_lse: torch.Tensor) -> None:
+    """The output within REL_TOL of the fp32 reference, and the LSE within 2e-2 (+ 1e-3 relative)."""
+    err = rel_error(out, ref)
+    assert err <= REL_TOL, f"rel err {err:.3e}"
+    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3), f"lse max diff {(lse - ref_lse).abs().max():.3e}"
+
+
 @pytest.mark.parametrize(("bs", "prefix", "q_len", "heads", "kind", "ragged"), _sweep())
 def test_matches_reference(bs: int, prefix: int, q_len: int, heads: int, kind: str, ragged: bool) -> None:
     seed = zlib.crc32(repr((bs, prefix, q_len, heads, kind, ragged)).encode())
@@ -69,9 +76,7 @@ def test_matches_reference(bs: int, prefix: int, q_len: int, heads: int, kind: s
     out, lse = _run(case)
     ref, ref_lse = _reference(case)
     assert not out.isnan().any(), "some output elements were not written"
-    err = rel_error(out, ref)
-    assert err <= REL_TOL, f"rel err {err:.3e}"
-    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3), f"lse max diff {(lse - ref_lse).abs().max():.3e}"
+    _assert_matches(out, lse, ref, ref_lse)
 
 
 def test_int64_indices_and_2d_pool() -> None:
@@ -122,8 +127,7 @@ def test_chunks_past_a_request_weigh_nothing_whatever_the_workspace_held(
     out, lse = _run(case, max_prefix_len=bound, workspace=ws)
     ref, ref_lse = _reference(case)
     assert not out.isnan().any(), "a stale partial reached the output"
-    assert rel_error(out, ref) <= REL_TOL
-    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3), f"lse max diff {(lse - ref_lse).abs().max():.3e}"
+    _assert_matches(out, lse, ref, ref_lse)
 
 
 @pytest.mark.parametrize(
@@ -156,8 +160,7 @@ def test_a_lagging_running_maximum_matches_reference(
     out, lse = _run(case)
     ref, ref_lse = _reference(case)
     assert torch.isfinite(out.float()).all()
-    assert rel_error(out, ref) <= REL_TOL
-    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3), f"lse max diff {(lse - ref_lse).abs().max():.3e}"
+    _assert_matches(out, lse, ref, ref_lse)
 
 
 @pytest.mark.parametrize("adaptive", ["0", "1"])
@@ -213,8 +216,7 @@ def test_prefix_longer_than_planned_bound_keeps_every_key(bs: int, prefix: int, 
     graph.replay()
     torch.cuda.synchronize()
     ref, ref_lse = _reference(case)
-    assert rel_error(out, ref) <= REL_TOL
-    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3), f"lse max diff {(lse - ref_lse).abs().max():.3e}"
+    _assert_matches(out, lse, ref, ref_lse)
 
 
 def test_deterministic_across_calls() -> None:
@@ -243,8 +245,7 @@ def test_every_row_group_count_matches_reference(
     case = make_case(bs, prefix, q_len, heads, kind=kind, ragged=True, seed=bs + q_len)
     out, lse = _run(case)
     ref, ref_lse = _reference(case)
-    assert rel_error(out, ref) <= REL_TOL
-    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3)
+    _assert_matches(out, lse, ref, ref_lse)
 
 
 @pytest.mark.parametrize(
@@ -266,5 +267,4 @@ def test_both_warp_layouts_match_reference(
     case = make_case(bs, prefix, q_len, heads, kind="tree", ragged=True, seed=bs * prefix + q_len)
     out, lse = _run(case)
     ref, ref_lse = _reference(case)
-    assert rel_error(out, ref) <= REL_TOL
-    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3)
+    _assert_matches(out, lse, ref, ref_lse)
