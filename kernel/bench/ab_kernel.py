@@ -128,8 +128,7 @@ def main() -> None:
                 ref = c.reference(SM_SCALE)
                 err = rel_error(r.out, ref)
                 del ref
-            # AB_HOT_Q=1: every input set shares set 0's Q, which then stays in L2 from call to call, as in a forward
-            # pass where the projection that writes Q runs just before (the keys still rotate past L2).
+            # AB_HOT_Q=1 (module docstring): every input set shares set 0's Q.
             sets = [dataclasses.replace(x, q=c.q) for x in r.cases] if os.environ.get("AB_HOT_Q") == "1" else r.cases
             calls = [r.ours(x) for x in sets]
             us = graph_time_us(with_foreign(calls, scratch) if args.interleave else calls) - foreign_us

@@ -183,16 +183,7 @@ def sweep_row_groups(cases: list[tuple[int, ...]], out: TextIO) -> None:
         picked = PLANNED(bs, q_len, heads, prefix)
         max_keys = prefix + q_len
         for groups in range(1, plan_module.MAX_ROW_GROUPS + 1):
-            model = plan_module.plan_launch(
-                bs,
-                q_len,
-                heads,
-                prefix,
-                num_sms=sms,
-                blocks_per_sm=ops._blocks_per_sm(groups),
-                max_row_groups=groups,
-                fixed_row_groups=True,
-            )
+            model = ops._plan(bs, q_len, heads, prefix, sms, ops._blocks_per_sm(groups), groups, True)
             if model.row_groups != groups:
                 continue  # fewer rows than such a block holds
             options = [("model", model)] + [

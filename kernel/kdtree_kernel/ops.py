@@ -77,13 +77,14 @@ def launch_plan(
     """The grid verify_attention uses on ``device`` for these sizes (reads device properties, no sync)."""
     max_groups, fixed = _row_groups(fp8)
     index = _device_index(device)
-    return _plan(bs, q_len, heads, max_prefix_len, _num_sms(index), _slots_per_sm(fp8), max_groups, fixed)
+    slots = _slots_per_sm(max_groups, fixed, fp8)
+    return _plan(bs, q_len, heads, max_prefix_len, _num_sms(index), slots, max_groups, fixed)
 
 
-def _slots_per_sm(fp8: bool) -> int:
-    """Blocks an SM holds of every row-group count a launch may take (the fewest of them: the planner counts
-    waves with one figure; every bf16 block runs one to an SM)."""
-    max_groups, fixed = _row_groups(fp8)
+@functools.cache
+def _slots_per_sm(max_groups: int, fixed: bool, fp8: bool) -> int:
+    """Blocks an SM holds of every row-group count a launch may take (_row_groups' policy): the fewest of them, as
+    the planner counts waves with one figure (every bf16 block runs one to an SM)."""
     return min(_blocks_per_sm(g, fp8) for g in range(max_groups if fixed else 1, max_groups + 1))
 
 
@@ -139,7 +140,7 @@ def workspace_size(
         heads,
         max_prefix_len,
         num_sms=_num_sms(index),
-        blocks_per_sm=_slots_per_sm(fp8),
+        blocks_per_sm=_slots_per_sm(max_groups, fixed, fp8),
         max_row_groups=max_groups,
         fixed_row_groups=fixed,
     )

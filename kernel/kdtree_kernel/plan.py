@@ -132,13 +132,19 @@ def plan_launch(
         tilings = {row_tiling(q_len, heads, g) for g in range(1, max_row_groups + 1)}
     plans = [_chunked(bs, rows, row_groups, row_blocks, max_keys, slots) for row_groups, row_blocks in tilings]
     # Compared on the bytes the partials really have (bf16); ties go to fewer, larger blocks.
+    per_split = _partial_bytes_per_split(bs, rows, PARTIAL_ROW_BYTES)
     return min(
         plans,
         key=lambda p: (
-            _split_cost(p.row_groups, p.splits, bs * p.row_blocks, slots, max_keys, 2 * bs * rows * PARTIAL_ROW_BYTES),
+            _split_cost(p.row_groups, p.splits, bs * p.row_blocks, slots, max_keys, per_split),
             -p.row_groups,
         ),
     )
+
+
+def _partial_bytes_per_split(bs: int, rows: int, partial_row_bytes: int) -> int:
+    """Bytes of one chunk's partials for the whole batch, written by the main kernel and read back by the combine."""
+    return 2 * bs * rows * partial_row_bytes
 
 
 def _chunked(bs: int, rows: int, row_groups: int, row_blocks: int, max_keys: int, slots: int) -> LaunchPlan:
@@ -147,7 +153,7 @@ def _chunked(bs: int, rows: int, row_groups: int, row_blocks: int, max_keys: int
     upper = max(1, min(MAX_SPLITS, math.ceil(max_keys / MIN_CHUNK_KEYS)))
 
     def chunking(partial_row_bytes: int) -> tuple[int, int]:
-        per_split = 2 * bs * rows * partial_row_bytes  # each chunk's partials, written and read back
+        per_split = _partial_bytes_per_split(bs, rows, partial_row_bytes)
         splits = min(
             range(1, upper + 1),
             key=lambda s: (_split_cost(row_groups, s, blocks, slots, max_keys, per_split), s),
