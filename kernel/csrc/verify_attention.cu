@@ -27,21 +27,24 @@ bool fp8_qmma() {
   return major != 9;
 }
 
-// Programmatic dependent launch (sm_90 and later; griddep_* in mma_primitives.cuh), opt-in: KDTREE_PDL=main
-// launches the main kernel as a programmatic dependent of whatever the stream ran before it (its blocks are
-// placed as that kernel's last blocks leave, and wait for it before reading anything), =combine the combine
-// kernel as one of the main kernel (which signals once its blocks leave the KV loop), =all both. Off by default:
-// on the H200 the combine's form cost 1-1.5 us at bs 1 x 8k-32k and the main kernel's gained nothing measurable
-// (docs/kernel-notes.md). Host only, no stream work (safe under graph capture).
+// Programmatic dependent launch (sm_90 and later; griddep_* in mma_primitives.cuh). The main kernel launches as a
+// programmatic dependent of whatever the stream ran before it (its blocks are placed as that kernel's last blocks
+// leave, and wait for it before reading anything), and the combine kernel as one of the main kernel (which signals
+// once its blocks leave the KV loop; the combine's blocks then wait at the same point for all of its writes). On
+// the H200 both together took bs 1 q 9 from 9.4 to 8.4 us at 1k, 17.3 to 15.9 at 8k, and 0.97-0.99x at 32k-128k,
+// also with a foreign kernel before every call; no case slower (docs/kernel-notes.md). It was opt-in until then: on
+// the kernel of that time the combine's form cost 1-1.5 us at bs 1 x 8k-32k (kernel/bench/ab-h200.md AB, AK).
+// KDTREE_PDL=none|main|combine picks plain launches or one of the two (A/B timing); anything else, or no
+// setting, both. Host only, no stream work (safe under graph capture).
 enum class PdlUse { kNone, kMain, kCombine, kAll };
 
 PdlUse pdl_use() {
   const char* env = std::getenv("KDTREE_PDL");
-  if (env == nullptr) return PdlUse::kNone;
+  if (env == nullptr) return PdlUse::kAll;
+  if (std::strcmp(env, "none") == 0) return PdlUse::kNone;
   if (std::strcmp(env, "main") == 0) return PdlUse::kMain;
   if (std::strcmp(env, "combine") == 0) return PdlUse::kCombine;
-  if (std::strcmp(env, "all") == 0) return PdlUse::kAll;
-  return PdlUse::kNone;
+  return PdlUse::kAll;
 }
 
 // Launches `kernel` with `grid` x `block` on `stream`, as a programmatic dependent of the stream's previous
@@ -131,9 +134,9 @@ struct CombineState {
 
 // Merges the chunk partials of one (request, row): out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max lse).
 // One pass: each batch's LSEs and partial rows load together, and the running maximum rescales the sums (the
-// previous form read every LSE first, one more dependent L2 round trip). Under KDTREE_PDL=combine|all it
-// launches as a programmatic dependent of the main kernel: everything up to griddep_wait (the output row's index)
-// then overlaps the main kernel's last blocks.
+// previous form read every LSE first, one more dependent L2 round trip). It launches as a programmatic dependent of
+// the main kernel (pdl_use): everything up to griddep_wait (the output row's index) then overlaps the main kernel's
+// last blocks.
 template <int kGroups, int kBatch, int kParts>
 __global__ void __launch_bounds__(kCombineThreads / kParts * kGroups) verify_combine_kernel(const VerifyParams p) {
   constexpr int kGroupThreads = kCombineThreads / kParts;
@@ -212,7 +215,7 @@ __global__ void __launch_bounds__(kCombineThreads / kParts * kGroups) verify_com
   }
 }
 
-// Launches one combine kernel form (a programmatic dependent of the main kernel under KDTREE_PDL=combine|all).
+// Launches one combine kernel form (a programmatic dependent of the main kernel, pdl_use).
 template <int kGroups, int kBatch, int kParts = 1>
 cudaError_t launch_combine(const VerifyParams& p, cudaStream_t stream) {
   static_assert(kCombineThreads / kParts * kGroups <= kCombineMaxThreads, "one block");

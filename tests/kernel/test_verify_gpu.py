@@ -219,6 +219,43 @@ def test_prefix_longer_than_planned_bound_keeps_every_key(bs: int, prefix: int, 
     _assert_matches(out, lse, ref, ref_lse)
 
 
+@pytest.mark.parametrize("pdl", ["none", "main", "combine", "all"])
+@pytest.mark.parametrize(("bs", "prefix"), [(1, 8192), (64, 1000)])  # split keys + combine; one chunk a request
+def test_dependent_launches_read_what_the_kernels_before_them_wrote(
+    bs: int, prefix: int, pdl: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Programmatic dependent launch (csrc/verify_attention.cu, pdl_use): the main kernel may be placed while the
+    kernel before it still runs, and the combine while the main kernel does. In one CUDA graph, kernels rewrite Q
+    and the pool just before the call; each replay must see their new values (a kernel that read before its
+    griddepcontrol.wait would see the previous replay's, or a half-written pool), under every launch form."""
+    monkeypatch.setenv("KDTREE_PDL", pdl)
+    case = make_case(bs, prefix, 9, 8, ragged=True, seed=11)
+    t = bs * 9
+    out = torch.empty(t, 8, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(t, 8, dtype=torch.float32, device="cuda")
+    ws = torch.empty(max(1, workspace_size(bs, 9, 8, case.max_prefix)), dtype=torch.uint8, device="cuda")
+    q_src = torch.empty_like(case.q)
+    kv_src = torch.empty_like(case.kv_buffer)
+
+    def step() -> None:
+        torch.mul(q_src, 1.0, out=case.q)  # elementwise kernels, not copies: they run on the SMs just before
+        torch.mul(kv_src, 1.0, out=case.kv_buffer)
+        case.run_kernel(SM_SCALE, max_prefix_len=case.max_prefix, out=out, lse=lse, workspace=ws)
+
+    graph = capture_graph(step)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for replay in range(3):
+        q_src.copy_(torch.randn(q_src.shape, generator=gen, device="cuda").to(q_src.dtype))
+        kv_src.copy_(torch.randn(kv_src.shape, generator=gen, device="cuda").to(kv_src.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(case.q, q_src) and torch.equal(case.kv_buffer, kv_src)
+        ref, ref_lse = _reference(case)
+        err = rel_error(out, ref)
+        assert err <= REL_TOL, f"replay {replay} under KDTREE_PDL={pdl}: rel err {err:.3e}"
+        assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3), f"replay {replay}: lse"
+
+
 def test_deterministic_across_calls() -> None:
     case = make_case(1, 20000, 9, 8, seed=9)
     first, _ = _run(case)
