@@ -30,10 +30,11 @@ bool fp8_qmma() {
 // Programmatic dependent launch (sm_90 and later; griddep_* in mma_primitives.cuh). The main kernel launches as a
 // programmatic dependent of whatever the stream ran before it (its blocks are placed as that kernel's last blocks
 // leave, and wait for it before reading anything), and the combine kernel as one of the main kernel (which signals
-// once its blocks leave the KV loop; the combine's blocks then wait at the same point for all of its writes). On
-// the H200 both together took bs 1 q 9 from 9.4 to 8.4 us at 1k, 17.3 to 15.9 at 8k, and 0.97-0.99x at 32k-128k,
-// also with a foreign kernel before every call; no case slower (docs/kernel-notes.md). It was opt-in until then: on
-// the kernel of that time the combine's form cost 1-1.5 us at bs 1 x 8k-32k (kernel/bench/ab-h200.md AB, AK).
+// once its blocks leave the KV loop; the combine's blocks wait in griddep_wait until the main kernel has finished
+// and its writes are visible). On the H200 both together took bs 1 q 9 from 9.4 to 8.4 us at 1k, 17.3 to 15.9 at
+// 8k, 0.97-0.99x at 32k-128k, also with a foreign kernel before every call; 4k 0.92-1.01x over two calls, large
+// batches within 1% (docs/kernel-notes.md). Opt-in before that: on the kernel of that time the combine's form cost
+// 1-1.5 us at bs 1 x 8k-32k (kernel/bench/ab-h200.md AB, AK).
 // KDTREE_PDL=none|main|combine picks plain launches or one of the two (A/B timing); anything else, or no
 // setting, both. Host only, no stream work (safe under graph capture).
 enum class PdlUse { kNone, kMain, kCombine, kAll };
