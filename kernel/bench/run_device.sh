@@ -39,7 +39,10 @@ for stage in $stages; do
       # Per-warp clock trace of one block's steps: kernel/csrc with trace-kernel.diff applied, built aside.
       rm -rf /tmp/trace-src && cp -r kernel/csrc /tmp/trace-src && patch -s -d /tmp/trace-src -p1 < kernel/bench/trace-kernel.diff || exit 14
       python3 deploy/build_extension.py --arch 9.0 --source-dir /tmp/trace-src --out /tmp/trace-build --log "$OUT/build-trace.log" --timeout 420 --jobs 16 || exit 14
-      KDTREE_EXT_DIR=/tmp/trace-build python3 kernel/bench/trace_steps.py --out "$OUT/trace.json" ;;
+      # TRACE_CASES: space-separated BSxPREFIXxQLENxHEADS, each planned with one KV chunk per request (default 64x8192x9x8).
+      for c in ${TRACE_CASES:-64x8192x9x8}; do
+        KDTREE_EXT_DIR=/tmp/trace-build python3 kernel/bench/trace_steps.py --case "$c" --out "$OUT/trace-$c.json"
+      done ;;
     phases)
       # Phase timeline of bs 1 calls (globaltimer per block event): kernel/csrc with phases-kernel.diff, built aside.
       rm -rf /tmp/phase-src && cp -r kernel/csrc /tmp/phase-src && patch -s -d /tmp/phase-src -p1 < kernel/bench/phases-kernel.diff || exit 14

@@ -2,11 +2,12 @@
 
 Needs a build of kernel/csrc with trace-kernel.diff applied (`run_device.sh trace` makes one): block (row block 0,
 split 0) of request 5 then writes %clock at fixed points of steps 100..107 into its own output rows (so its
-output is garbage), for each of the split layout's warps. This script runs bs 64 x 8192 q 9 H 8, reads the
-clocks back and prints, per role, the median cycle (relative to the block barrier's release, the
-earliest post-barrier clock of a score warp) at which each phase ends.
+output is garbage), for each of its block's warps. This script runs one case (bs 64 x 8192 q 9 H 8, the split
+layout of 48-row blocks, unless --case names another whose plan has one KV chunk per request: the combine would
+overwrite the traced rows), reads the clocks back and prints, per role, the median cycle (relative to the block
+barrier's release, the earliest post-barrier clock of a score warp) at which each phase ends.
 
-    KDTREE_EXT_DIR=/tmp/trace-build python3 kernel/bench/trace_steps.py --out trace.json
+    KDTREE_EXT_DIR=/tmp/trace-build python3 kernel/bench/trace_steps.py --out trace.json [--case 128x4096x4x8]
 """
 
 from __future__ import annotations
@@ -15,19 +16,37 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_verify import CaseRunner
+from kdtree_kernel import launch_plan
 from kdtree_kernel.plan import VALUE_DIM
 
 TRACE_REQ, TRACE_STEPS, TRACE_EVENTS = 5, 8, 8  # as in trace-kernel.diff
-TRACE_WARPS = 16  # the split layout's block (14 working warps and 2 idle)
-SCORE = [2, 3, 6, 7, 10, 11]  # split layout (csrc score_slot)
-GATHER = [0, 1, 4, 5]  # value warps 0..3: the 128 threads that issue the gathers
-OTHER_VALUE = [8, 9, 12, 13]
+
+
+@dataclass(frozen=True)
+class WarpMap:
+    """A block layout's warps by role (csrc score_slot / value_slot): launched warps, score warps, the value warps
+    that issue the gathers (value slots 0..3) and the other value warps."""
+
+    warps: int
+    score: tuple[int, ...]
+    gather: tuple[int, ...]
+    other_value: tuple[int, ...]
+
+
+# (row groups, split layout) -> warps
+WARP_MAPS = {
+    (1, False): WarpMap(10, (2, 3), (0, 1, 4, 5), (6, 7, 8, 9)),
+    (2, False): WarpMap(12, (0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)),
+    (3, False): WarpMap(14, (0, 1, 2, 3, 6, 7), (4, 5, 8, 9), (10, 11, 12, 13)),
+    (3, True): WarpMap(16, (2, 3, 6, 7, 10, 11), (0, 1, 4, 5), (8, 9, 12, 13)),  # 2 idle warps
+}
 # event index -> phase name, per role (trace-kernel.diff TR(n))
 SCORE_EVENTS = {2: "S mma done", 3: "pair exchange", 4: "softmax, P stored"}
 VALUE_EVENTS = {3: "gathers issued", 4: "P/V fragments, rescale vote", 5: "P V mma issued"}
@@ -38,15 +57,15 @@ def wrap(x: int) -> int:
     return x - (1 << 32) if x >= 1 << 31 else x
 
 
-def summarise(trace: list[int]) -> dict:
+def summarise(trace: list[int], layout: WarpMap) -> dict:
     def ev(w: int, s: int, e: int) -> int:
         return trace[(w * TRACE_STEPS + s) * TRACE_EVENTS + e]
 
     def release(s: int) -> int:
         # The score warps' first clock after the barrier. (The value warps' post-barrier clock is not used: ptxas
         # may hoist that clock read above their barrier, which read up to 350 cycles early.)
-        base = ev(SCORE[0], s, 1)
-        return base + min(wrap(ev(w, s, 1) - base) for w in SCORE)
+        base = ev(layout.score[0], s, 1)
+        return base + min(wrap(ev(w, s, 1) - base) for w in layout.score)
 
     phases: dict[str, list[int]] = {}
 
@@ -56,11 +75,11 @@ def summarise(trace: list[int]) -> dict:
     for s in range(TRACE_STEPS - 1):
         r0, r1 = release(s), release(s + 1)
         add("step period", wrap(r1 - r0))
-        for w in SCORE:
+        for w in layout.score:
             for e, name in SCORE_EVENTS.items():
                 add(f"score: {name}", wrap(ev(w, s, e) - r0))
             add("score: at next barrier", wrap(ev(w, s + 1, 0) - r0))
-        for group, warps in (("gather value warps", GATHER), ("other value warps", OTHER_VALUE)):
+        for group, warps in (("gather value warps", layout.gather), ("other value warps", layout.other_value)):
             for w in warps:
                 for e, name in VALUE_EVENTS.items():
                     add(f"{group}: {name}", wrap(ev(w, s, e) - r0))
@@ -72,8 +91,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--case", default="64x8192x9x8", help="BSxPREFIXxQLENxHEADS, one KV chunk per request")
     args = parser.parse_args()
-    bs, prefix, q_len, heads = 64, 8192, 9, 8
+    bs, prefix, q_len, heads = (int(v) for v in args.case.split("x"))
+    plan = launch_plan(bs, q_len, heads, prefix)
+    if plan.splits != 1:
+        raise SystemExit(
+            f"{args.case}: the plan splits the keys ({plan.splits} chunks); the combine would overwrite the trace"
+        )
+    layout = WARP_MAPS[(plan.row_groups, plan.split_schedulers)]
     r = CaseRunner(bs, prefix, q_len, heads, "tree", seed=11)
     x = r.cases[0]
     start = int(x.qo_indptr[TRACE_REQ]) * heads * VALUE_DIM // 2  # int32 words of bf16 output
@@ -82,13 +108,17 @@ def main() -> None:
         r.out.zero_()
         r.ours(x)()
         torch.cuda.synchronize()
-        words = r.out.view(-1).view(torch.int32)[start : start + TRACE_WARPS * TRACE_STEPS * TRACE_EVENTS]
-        runs.append(summarise([w & 0xFFFFFFFF for w in words.cpu().tolist()]))
+        words = r.out.view(-1).view(torch.int32)[start : start + layout.warps * TRACE_STEPS * TRACE_EVENTS]
+        runs.append(summarise([w & 0xFFFFFFFF for w in words.cpu().tolist()], layout))
     result = {k: round(statistics.median(run[k] for run in runs)) for k in runs[0]}
     for k, v in result.items():
         print(f"{k:48s} {v:6d}")
     args.out.write_text(
-        json.dumps({"case": [bs, prefix, q_len, heads], "cycles_after_release": result}, indent=1) + "\n"
+        json.dumps(
+            {"case": [bs, prefix, q_len, heads], "row_groups": plan.row_groups, "cycles_after_release": result},
+            indent=1,
+        )
+        + "\n"
     )
 
 
