@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab_kernel import parse_shapes
 from bench_verify import CaseRunner
 from kdtree_kernel import launch_plan
 from kdtree_kernel.plan import VALUE_DIM
@@ -93,7 +94,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--case", default="64x8192x9x8", help="BSxPREFIXxQLENxHEADS, one KV chunk per request")
     args = parser.parse_args()
-    bs, prefix, q_len, heads = (int(v) for v in args.case.split("x"))
+    shapes = parse_shapes(args.case)
+    if len(shapes) != 1 or shapes[0][4]:
+        raise SystemExit(f"--case {args.case!r}: one bf16 case, BSxPREFIXxQLENxHEADS")
+    bs, prefix, q_len, heads, _ = shapes[0]
     plan = launch_plan(bs, q_len, heads, prefix)
     if plan.splits != 1:
         raise SystemExit(
