@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -35,14 +36,33 @@ Shape = tuple[int, int, int, int, bool]  # bs, prefix, q_len, heads, fp8 pool
 FOREIGN_ELEMENTS = 1 << 20  # the interleaved kernel: 4 MB of fp32 scaled in place, ~2-3 us on an H200
 
 
+def split_list(text: str) -> list[str]:
+    """The items of a list given as one argument or environment value, separated by commas or whitespace (the
+    device stages' variables mix both: TRACE_CASES and AB_ENVS take spaces, AB_CASES and AB_SHAPES took commas)."""
+    return [item for item in re.split(r"[,\s]+", text) if item]
+
+
+def parse_cases(text: str) -> set[int]:
+    """'0,2 5' -> {0, 2, 5}: indices into TREE_CASES."""
+    picked: set[int] = set()
+    for item in split_list(text):
+        if not item.isdigit() or int(item) >= len(TREE_CASES):
+            raise ValueError(f"case {item!r} is not an index into TREE_CASES (0..{len(TREE_CASES) - 1})")
+        picked.add(int(item))
+    return picked
+
+
 def parse_shapes(text: str) -> list[Shape]:
     """'1x4096x9x8,1x131072x2x8:fp8' -> [(1, 4096, 9, 8, False), (1, 131072, 2, 8, True)]."""
     shapes: list[Shape] = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    for item in split_list(text):
         dims, _, kind = item.partition(":")
-        bs, prefix, q_len, heads = (int(x) for x in dims.split("x"))
+        parts = dims.split("x")
+        if len(parts) != 4 or not all(part.isdigit() and int(part) > 0 for part in parts):
+            raise ValueError(f"shape {item!r} is not BSxPREFIXxQLENxHEADS (four positive integers)")
         if kind not in ("", "fp8"):
             raise ValueError(f"unknown pool kind {kind!r} in {item!r} (only ':fp8')")
+        bs, prefix, q_len, heads = (int(part) for part in parts)
         shapes.append((bs, prefix, q_len, heads, kind == "fp8"))
     return shapes
 
@@ -95,23 +115,32 @@ def main() -> None:
     parser.add_argument("--label")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--no-check", action="store_true", help="time only (skip the fp32 reference)")
-    parser.add_argument("--cases", default="", help="comma-separated indices into TREE_CASES (default: all)")
-    parser.add_argument("--shapes", default="", help="more cases: BSxPREFIXxQLENxHEADS[:fp8], comma-separated")
+    parser.add_argument("--cases", default="", help="indices into TREE_CASES, comma- or space-separated (default: all)")
+    parser.add_argument(
+        "--shapes", default="", help="more cases: BSxPREFIXxQLENxHEADS[:fp8], comma- or space-separated"
+    )
     parser.add_argument("--interleave", action="store_true", help="a foreign kernel before every call")
     parser.add_argument("--summarize", type=Path, help="print the table of an ab.jsonl and exit")
+    parser.add_argument("--check-args", action="store_true", help="only read --cases and --shapes, then exit")
     args = parser.parse_args()
     if args.summarize is not None:
         print(summarize(args.summarize))
         return
+    try:
+        picked = parse_cases(args.cases)
+        extra = parse_shapes(args.shapes)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.check_args:
+        return
     if args.label is None or args.out is None:
-        parser.error("--label and --out are required unless --summarize")
-    picked = {int(x) for x in args.cases.split(",") if x}
+        parser.error("--label and --out are required unless --summarize or --check-args")
     shapes: list[Shape] = (
         [(*case, False) for i, case in enumerate(TREE_CASES) if not picked or i in picked]
         if args.cases or not args.shapes
         else []
     )
-    shapes += parse_shapes(args.shapes)
+    shapes += extra
     scratch = torch.ones(FOREIGN_ELEMENTS, device="cuda")
     foreign_us = graph_time_us([lambda: scratch.mul_(1.0)]) if args.interleave else 0.0
     with args.out.open("a") as out:

@@ -77,6 +77,8 @@ for stage in $stages; do
     ab)
       # Kernel-only A/B: every source tree under .ab/ (saved kernel/csrc copies) against the working tree,
       # built side by side, then timed alternately (two rounds) by ab_kernel.py.
+      # The case lists first: a bad item stops here, not after the builds.
+      python3 kernel/bench/ab_kernel.py --check-args --cases "${AB_CASES:-}" --shapes "${AB_SHAPES:-}" || exit 15
       pids=()
       # The build stage may have made it already; a build older than any source (kept from an earlier call on a
       # warm machine) is stale and is rebuilt.
