@@ -407,7 +407,14 @@ def write_markdown(path: Path, result: dict, extras: list[dict], cublas: float) 
         )
     if result.get("fp8_cases"):
         lines += ["", *fp8_markdown(result["fp8_cases"])]
-    lines += ["", *HEADER, *markdown(project_all(result))]
+    if result.get("compute_capability", "9.0") == "9.0":
+        lines += ["", *HEADER, *markdown(project_all(result))]
+    else:  # measured on the GPU the projection is about, or another one: no projection from it
+        lines += [
+            "",
+            f"Measured on {result['device']} (compute capability {result['compute_capability']}): no sm_120 "
+            "projection from this run. The H200 run's prediction for each case is in sm120-projection.md.",
+        ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -447,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     result = {
         "device": torch.cuda.get_device_name(),
+        "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability()),
         "copy_GBps": round(ceil.copy_gbps),
         "mma_TFLOPs": round(ceil.mma_tflops, 1),
         "cases": cases,

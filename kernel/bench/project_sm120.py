@@ -185,7 +185,19 @@ def project(case: dict, result: dict, *, fp8: bool = False) -> Projection:
     )
 
 
+def check_projectable(result: dict) -> None:
+    """The projection scales an H200 run (its ceilings, 132 SMs at 1.9 GHz, h200()); a run on another GPU, the sm_120
+    itself included, is measured, not projected. Files from before the field was recorded are H200 runs."""
+    capability = result.get("compute_capability", "9.0")
+    if capability != "9.0":
+        raise ValueError(
+            f"this run is on {result.get('device', 'an unnamed GPU')} (compute capability {capability}), not an H200: "
+            "the projection starts from an H200 run (results-h200.json)"
+        )
+
+
 def project_all(result: dict) -> list[Projection]:
+    check_projectable(result)
     out = [project(c, result) for c in result["cases"]]
     out += [project(c, result, fp8=True) for c in result.get("fp8_cases", [])]
     return out
@@ -224,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "sm120-projection.json")
     args = parser.parse_args(argv)
     result = json.loads(args.results.read_text())
-    projections = project_all(result)
+    try:
+        projections = project_all(result)
+    except ValueError as exc:
+        print(f"project_sm120.py: {args.results}: {exc}", file=sys.stderr)
+        return 2
     args.out.write_text(json.dumps([asdict(p) for p in projections], indent=1) + "\n")
     text = "\n".join(["# " + HEADER[0][3:], *HEADER[1:], *markdown(projections)]) + "\n"
     args.out.with_suffix(".md").write_text(text)

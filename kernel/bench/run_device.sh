@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU-machine session: unpack the sglang wheel, build the extension for sm_90, run the GPU tests and the
-# benchmark. Usage (repo root): bash kernel/bench/run_device.sh [build] [kernel-tests] [bench] [all-tests]
+# One GPU-machine session: unpack the sglang wheel, build the extension for the GPU it finds (sm_90 on the H200),
+# run the GPU tests and the benchmark. Usage (repo root): bash kernel/bench/run_device.sh [build] [kernel-tests] [bench] [all-tests]
 # Logs land in $OUT (or /tmp/kdtree-out).
 set -uo pipefail
 OUT=${OUT:-/tmp/kdtree-out}
@@ -15,19 +15,26 @@ stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s"; }
 stamp wheel
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 10
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+# The compute capability to build for and the tag of the result files (kernel/bench/gpu_tag.py: 9.0 h200 on the
+# H200, 12.0 rtxpro6000 on the RTX PRO 6000); KDTREE_ARCH and KDTREE_GPU_TAG override them.
+read -r ARCH TAG < <(python3 kernel/bench/gpu_tag.py "$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | head -1)") || exit 16
+ARCH=${KDTREE_ARCH:-$ARCH}
+TAG=${KDTREE_GPU_TAG:-$TAG}
+[ -n "$ARCH" ] && [ -n "$TAG" ] || { echo "run_device.sh: no GPU arch or tag (nvidia-smi, kernel/bench/gpu_tag.py)"; exit 16; }
+echo "building for compute capability $ARCH, result files tagged $TAG" | tee -a "$OUT/gpu.txt"
 
 for stage in $stages; do
   stamp "$stage"
   case $stage in
     build)
-      python3 deploy/build_extension.py --arch 9.0 --out kernel/build --log "$OUT/build.log" --timeout 420 --jobs 16 || { tail -50 "$OUT/build.log"; exit 11; }
+      python3 deploy/build_extension.py --arch "$ARCH" --out kernel/build --log "$OUT/build.log" --timeout 420 --jobs 16 || { tail -50 "$OUT/build.log"; exit 11; }
       grep -E "Used|spill" "$OUT/build.log" | sort | uniq -c | head -20 ;;
     kernel-tests)
       timeout 300 python3 -m pytest -m gpu tests/kernel -q -x --noconftest -p no:cacheprovider --timeout 120 2>&1 | tee "$OUT/kernel-tests.log" | tail -15
       [ "${PIPESTATUS[0]}" = 0 ] || exit 13 ;;
     bench)
-      python3 kernel/bench/bench_verify.py --sglang-site /tmp/site --out kernel/bench/results-h200.json 2> "$OUT/bench.log"
-      cp kernel/bench/results-h200.json kernel/bench/results-h200.md kernel/bench/results-h200.extra.json "$OUT/" ;;
+      python3 kernel/bench/bench_verify.py --sglang-site /tmp/site --out "kernel/bench/results-$TAG.json" 2> "$OUT/bench.log"
+      cp "kernel/bench/results-$TAG.json" "kernel/bench/results-$TAG.md" "kernel/bench/results-$TAG.extra.json" "$OUT/" ;;
     probe)
       python3 kernel/bench/probe_memory.py 2>&1 | tee "$OUT/probe.log" ;;
     splits)
@@ -38,7 +45,7 @@ for stage in $stages; do
     trace)
       # Per-warp clock trace of one block's steps: kernel/csrc with trace-kernel.diff applied, built aside.
       rm -rf /tmp/trace-src && cp -r kernel/csrc /tmp/trace-src && patch -s -d /tmp/trace-src -p1 < kernel/bench/trace-kernel.diff || exit 14
-      python3 deploy/build_extension.py --arch 9.0 --source-dir /tmp/trace-src --out /tmp/trace-build --log "$OUT/build-trace.log" --timeout 420 --jobs 16 || exit 14
+      python3 deploy/build_extension.py --arch "$ARCH" --source-dir /tmp/trace-src --out /tmp/trace-build --log "$OUT/build-trace.log" --timeout 420 --jobs 16 || exit 14
       # TRACE_CASES: space-separated BSxPREFIXxQLENxHEADS, each planned with one KV chunk per request (default 64x8192x9x8).
       for c in ${TRACE_CASES:-64x8192x9x8}; do
         KDTREE_EXT_DIR=/tmp/trace-build python3 kernel/bench/trace_steps.py --case "$c" --out "$OUT/trace-$c.json"
@@ -46,7 +53,7 @@ for stage in $stages; do
     phases)
       # Phase timeline of bs 1 calls (globaltimer per block event): kernel/csrc with phases-kernel.diff, built aside.
       rm -rf /tmp/phase-src && cp -r kernel/csrc /tmp/phase-src && patch -s -d /tmp/phase-src -p1 < kernel/bench/phases-kernel.diff || exit 14
-      python3 deploy/build_extension.py --arch 9.0 --source-dir /tmp/phase-src --out /tmp/phase-build --log "$OUT/build-phases.log" --timeout 420 --jobs 16 || { tail -30 "$OUT/build-phases.log"; exit 14; }
+      python3 deploy/build_extension.py --arch "$ARCH" --source-dir /tmp/phase-src --out /tmp/phase-build --log "$OUT/build-phases.log" --timeout 420 --jobs 16 || { tail -30 "$OUT/build-phases.log"; exit 14; }
       KDTREE_EXT_DIR=/tmp/phase-build python3 kernel/bench/trace_phases.py --out "$OUT/phases.json" 2>&1 | tee "$OUT/phases.log" ;;
     row-groups)
       # Small batches with blocks of 16, 32 and 48 rows at chunk sizes around each one's plan (SPLIT_CASES: other cases).
@@ -84,12 +91,12 @@ for stage in $stages; do
       # warm machine) is stale and is rebuilt.
       so=$(ls kernel/build/*.so 2> /dev/null | head -1)
       if [ -z "$so" ] || [ -n "$(find kernel/csrc -newer "$so" -print -quit)" ]; then
-        python3 deploy/build_extension.py --arch 9.0 --out kernel/build --log /tmp/build-new.log --timeout 420 --jobs 4 &
+        python3 deploy/build_extension.py --arch "$ARCH" --out kernel/build --log /tmp/build-new.log --timeout 420 --jobs 4 &
         pids+=($!)
       fi
       for d in .ab/*/; do
         [ -d "$d" ] || continue  # no saved variants: the working tree alone (with AB_ENVS)
-        python3 deploy/build_extension.py --arch 9.0 --source-dir "$d" --out "${d}build" --log "/tmp/build-$(basename "$d").log" --timeout 420 --jobs 4 &
+        python3 deploy/build_extension.py --arch "$ARCH" --source-dir "$d" --out "${d}build" --log "/tmp/build-$(basename "$d").log" --timeout 420 --jobs 4 &
         pids+=($!)
       done
       for pid in "${pids[@]}"; do wait "$pid" || { tail -30 /tmp/build-*.log; exit 12; }; done
@@ -119,11 +126,11 @@ for stage in $stages; do
       python3 kernel/bench/ab_kernel.py --summarize "$OUT/ab.jsonl" | tee "$OUT/ab.md"
       ;;
     all-tests)
-      python3 -m pytest -m gpu tests/ -v --timeout 300 2>&1 | tee "$OUT/gpu-tests-h200.log" | tail -25 ;;
+      python3 -m pytest -m gpu tests/ -v --timeout 300 2>&1 | tee "$OUT/gpu-tests-$TAG.log" | tail -25 ;;
   esac
 done
 # The device tool brings back at most 8 files from $OUT: past that, the logs travel packed in one archive, so that the
-# results (results-h200.*, ab.*) are never the files left behind.
+# results (results-$TAG.*, ab.*) are never the files left behind.
 if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
   (cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
 fi
