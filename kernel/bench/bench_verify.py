@@ -377,7 +377,7 @@ def fp8_markdown(cases: list[dict]) -> list[str]:
 
 
 def write_markdown(path: Path, result: dict, extras: list[dict], cublas: float) -> None:
-    from project_sm120 import HEADER, markdown, project_all
+    from project_sm120 import HEADER, is_projectable, markdown, project_all
 
     cases = result["cases"]
     tree = [c["speedup"] for c in cases]
@@ -407,7 +407,7 @@ def write_markdown(path: Path, result: dict, extras: list[dict], cublas: float) 
         )
     if result.get("fp8_cases"):
         lines += ["", *fp8_markdown(result["fp8_cases"])]
-    if result.get("compute_capability", "9.0") == "9.0":
+    if is_projectable(result):
         lines += ["", *HEADER, *markdown(project_all(result))]
     else:  # measured on the GPU the projection is about, or another one: no projection from it
         lines += [

@@ -185,14 +185,17 @@ def project(case: dict, result: dict, *, fp8: bool = False) -> Projection:
     )
 
 
-def check_projectable(result: dict) -> None:
+def is_projectable(result: dict) -> bool:
     """The projection scales an H200 run (its ceilings, 132 SMs at 1.9 GHz, h200()); a run on another GPU, the sm_120
     itself included, is measured, not projected. Files from before the field was recorded are H200 runs."""
-    capability = result.get("compute_capability", "9.0")
-    if capability != "9.0":
+    return result.get("compute_capability", "9.0") == "9.0"
+
+
+def check_projectable(result: dict) -> None:
+    if not is_projectable(result):
         raise ValueError(
-            f"this run is on {result.get('device', 'an unnamed GPU')} (compute capability {capability}), not an H200: "
-            "the projection starts from an H200 run (results-h200.json)"
+            f"this run is on {result.get('device', 'an unnamed GPU')} (compute capability "
+            f"{result['compute_capability']}), not an H200: the projection starts from an H200 run (results-h200.json)"
         )
 
 

@@ -65,3 +65,17 @@ def test_the_projection_refuses_a_run_that_is_not_an_h200s(tmp_path: Path) -> No
     path.write_text(json.dumps(measured))
     assert project.main(["--results", str(path), "--out", str(tmp_path / "p.json")]) == 2
     assert not (tmp_path / "p.json").exists()
+
+
+def test_the_benchmark_table_projects_only_an_h200_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))  # bench_verify imports its neighbours by name
+    bench = load("bench_verify")
+    committed = json.loads((BENCH / "results-h200.json").read_text())
+    extras = json.loads((BENCH / "results-h200.extra.json").read_text())["cases"]
+    h200, sm120 = tmp_path / "h200.md", tmp_path / "sm120.md"
+    bench.write_markdown(h200, committed, extras, 0.0)
+    measured = {**committed, "device": "NVIDIA RTX PRO 6000 Blackwell", "compute_capability": "12.0"}
+    bench.write_markdown(sm120, measured, extras, 0.0)
+    assert "sm_120 floor us" in h200.read_text()
+    assert "sm_120 floor us" not in sm120.read_text()
+    assert "(compute capability 12.0): no sm_120 projection from this run" in sm120.read_text()
