@@ -75,6 +75,18 @@ class StatusView:
     history: list[dict[str, Any]]
     parity: list[ParityLine]  # the running invocation's own lines (its token), newest last
 
+    def latest_parity(self) -> list[ParityLine]:
+        """The newest line of each (rank, layer), in rank then layer order: a whole step's figures, never the
+        tail of a line list that starts in the middle of a step."""
+        return latest_per_rank_and_layer(self.parity)
+
+
+def latest_per_rank_and_layer(lines: list[ParityLine]) -> list[ParityLine]:
+    newest: dict[tuple[int, int], ParityLine] = {}
+    for p in lines:
+        newest[(-1 if p.rank is None else p.rank, p.layer)] = p
+    return [newest[key] for key in sorted(newest)]
+
 
 def read_status(host: HostConfig) -> StatusView:
     layout = hs.Layout(host.root)

@@ -54,11 +54,14 @@ def summarise(text: str, expected: set[str]) -> Summary:
 def render(s: Summary) -> list[str]:
     lines = list(s.lines)
     for key, reqs in s.expected.items():
+        # pip words each requirement left out by --no-deps as an ERROR; here it is the intended state, so the line
+        # says what was installed and why, without a count of "unmet" packages that reads like a failure.
         pins = "; ".join(s.mismatches.get(key, []))
         lines.append(
-            f"note: {key} is installed without its dependencies on purpose ({len(reqs)} unmet, GPU-serving ones): "
-            "the backend's CPU tests import only its Python code"
-            + (f"; it pins {pins}, and the CPU torch is the intended one" if pins else "")
+            f"{key}: its Python code only, as intended (the backend's CPU tests import nothing else; the "
+            f"{len(reqs)} GPU-serving packages it lists stay out of this venv"
+            + (f"; for its pin {pins} the CPU torch stands in" if pins else "")
+            + ")"
         )
     return lines
 

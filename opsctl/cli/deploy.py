@@ -545,6 +545,7 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
     host = h.name
     view = hostinfo.read_status(h)
     snap, hist, parity = view.snap, view.history, view.parity
+    latest = view.latest_parity()
     last = next((x for x in reversed(hist) if x.get("verdict")), None)
     doc = {
         "host": host,
@@ -570,7 +571,7 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
                 "max_abs_diff": _json_num(p.max_abs_diff),
                 "verdict": str(classify(p, h.gate)),
             }
-            for p in parity[-16:]
+            for p in latest
         ],
     }
     if as_json:
@@ -592,7 +593,7 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
         )
     console.print(f"lock: {doc['lock'] or 'free'}   free disk: {snap.free_mb} MB", highlight=False)
     if parity:
-        console.print(_parity_table(parity[-16:], h, title="last parity lines (current invocation)"))
+        console.print(_parity_table(latest, h, title="latest parity line of each rank and layer (current invocation)"))
     else:
         console.print("no parity lines from the current invocation yet")
     return doc

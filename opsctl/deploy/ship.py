@@ -84,7 +84,12 @@ def _upload(src: Path, manifest: Manifest) -> Step:
                 staged, run.layout.release(manifest.id), link_dest=plan.link_dest if plan else None, timeout=1800
             )
         run.result.bytes_sent = stats.bytes_sent
-        return f"{stats.files_transferred} files, {stats.bytes_sent} bytes sent"
+        # Counted as verify counts them (the release's files; manifest.json travels beside them), so the two
+        # steps' numbers agree; rsync sends only what the previous release (--link-dest) does not already hold.
+        total = len(manifest.files)
+        sent = max(0, stats.files_transferred - 1)  # rsync's count includes manifest.json, which is always new
+        reused = f", {total - sent} linked from {plan.link_dest.rsplit('/', 1)[-1]}" if plan and plan.link_dest else ""
+        return f"{total} files + manifest ({sent} sent{reused}), {stats.bytes_sent} bytes"
 
     return Step("upload", run_, detail=lambda run: run.layout.release(manifest.id))
 
@@ -96,7 +101,7 @@ def _verify(manifest: Manifest) -> Step:
         remote = Manifest.from_json(run.r.read_file(f"{release_dir}/manifest.json"))
         if remote.id != manifest.id:
             raise DeployFailed(f"manifest on the host names {remote.id}, expected {manifest.id}")
-        return f"{len(manifest.files)} files match"
+        return f"{len(manifest.files)} files + manifest match"
 
     return Step("verify", run_)
 

@@ -22,3 +22,18 @@ def test_release_meta_of_each_manifest_as_the_host_prints_it(tmp_path: Path) -> 
     meta = hostinfo.parse_release_meta(out)
     assert meta["r00000000000a"] == {"created_at": "2026-01-01T00:00:00Z", "commit": "abc", "dirty": False}
     assert meta["r00000000000b"]["commit"] is None
+
+
+def test_status_shows_the_newest_line_of_each_rank_and_layer_never_the_middle_of_a_step() -> None:
+    from opsctl.parity import ParityLine
+
+    def line(rank: int, layer: int, rel: float) -> ParityLine:
+        return ParityLine(layer=layer, max_abs_diff=rel, mean=rel, rel=rel, rank=rank)
+
+    # Three steps of 2 ranks x 3 layers, as the service prints them, then the first lines of a fourth step: the
+    # old tail (the last 16 lines) began with TP0 L60.
+    steps = [line(rank, layer, step / 1000) for step in range(3) for rank in (0, 1) for layer in (0, 30, 60)]
+    lines = [*steps, line(0, 0, 0.009)]
+    latest = hostinfo.latest_per_rank_and_layer(lines)
+    assert [(p.rank, p.layer) for p in latest] == [(0, 0), (0, 30), (0, 60), (1, 0), (1, 30), (1, 60)]
+    assert latest[0].rel == 0.009 and latest[1].rel == 0.002  # the newest of each pair
