@@ -352,6 +352,14 @@ def deploy_command(
     _finish(res, as_json)
 
 
+def _confirm_restart(yes: bool, question: str) -> None:
+    """Every command that restarts the service from a keyboard asks first, as deploy does: a restart costs the host
+    its model load (minutes of no serving), and a mistyped host name must not cost that. Scripts, the health
+    timer and fleet roll-outs pass --yes (or call the library)."""
+    if not yes and not typer.confirm(question, default=False):
+        raise typer.Exit(code=EXIT_NOT_CONFIRMED)
+
+
 def restart_command(
     host: common.HostArg = None,
     rollback_on_fail: Annotated[
@@ -365,11 +373,13 @@ def restart_command(
         float | None, typer.Option("--gate-timeout", help="gate deadline in seconds (default: inventory)")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Restart the current release and gate it (e.g. after a driver update). Exit 0 on a PASS, 31 otherwise."""
     h = _host(host, inventory_path, "restart")
     host = h.name
+    _confirm_restart(yes, f"Restart {h.unit} on {host} (the model loads again) and gate it?")
     with _reporter(host, as_json, action="restart") as rep:
         res = pipeline.restart(h, rep, rollback_on_fail=rollback_on_fail, gate_timeout_s=gate_timeout)
     if not res.ok and not rollback_on_fail and not as_json:
@@ -392,7 +402,7 @@ def rollback_command(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     parallel: Annotated[bool, typer.Option("--parallel", help="group only: all hosts side by side")] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="group only: do not ask for confirmation")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Switch HOST (or every host of a GROUP) back to an earlier release, restart and gate it."""
@@ -408,6 +418,7 @@ def rollback_command(
         )
         return
     h = inv.host(host)
+    _confirm_restart(yes, f"Roll {host} back to {to or 'its newest good release before current'} and restart it?")
     with _reporter(host, as_json, action="rollback") as rep:
         res = pipeline.rollback(h, rep, to=to, force=force, gate=not no_gate, gate_timeout_s=gate_timeout)
     _finish(res, as_json)

@@ -121,8 +121,8 @@ def test_pick_target_default_then_only_host_then_asks(capsys: pytest.CaptureFixt
 # "unreachable" (or its usage check) after announcing the host it chose: never "Missing argument".
 HOST_COMMANDS = [
     ("deploy", "--yes"),
-    ("restart",),
-    ("rollback",),
+    ("restart", "--yes"),
+    ("rollback", "--yes"),
     ("adopt",),
     ("releases",),
     ("status",),
@@ -490,3 +490,20 @@ def test_help_texts() -> None:
     assert "31 parity FAIL" in " ".join(deploy.split())
     sched = " ".join(_opsctl("schedule", "install", "--help").stdout.split())
     assert "--rollback-on-fail" in sched and "last good release" in sched
+
+
+@pytest.mark.parametrize("command", ["rollback", "restart"])
+def test_commands_that_restart_the_service_ask_first_like_deploy(tmp_path: Path, command: str) -> None:
+    inv = _inventory(tmp_path, {"ct200": _closed_port()})
+    proc = subprocess.run(
+        [sys.executable, "-m", "opsctl", "-i", str(inv), command, "ct200"],
+        input="n\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    # Declined at the prompt: exit 1, and no connection was tried (the closed port would have given 11).
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert "ct200" in proc.stdout and "[y/N]" in proc.stdout
+    assert "unreachable" not in proc.stderr
