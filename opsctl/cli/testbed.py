@@ -1,14 +1,17 @@
-"""`opsctl testbed up|down|status`: the local test hosts (docs/testbed.md)."""
+"""`opsctl testbed up|down|status|variant`: the local test hosts and misbehaving releases (docs/testbed.md)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..testbed import DEFAULT_HOSTS, Testbed
+from ..errors import UsageError
+from ..release import BUNDLE_DIRS, default_tree
+from ..testbed import DEFAULT_HOSTS, Testbed, variants
 from . import common
 
 app = typer.Typer(help="Local test hosts: Debian booted with systemd-nspawn, sshd on 127.0.0.1.", no_args_is_help=True)
@@ -78,3 +81,24 @@ def _print_status(tb: Testbed) -> None:
         common.out.print(f"no testbed hosts at {tb.state_dir} (opsctl testbed up)")
         return
     common.out.print(table)
+
+
+@app.command("variant")
+@common.bounded
+def testbed_variant(
+    kind: Annotated[str, typer.Argument(help="seed-bug: drafts left out of the keys (docs/sglang-verify.md)")],
+    dest: Annotated[Path, typer.Argument(help="directory to write the release tree into")],
+    src: Annotated[Path | None, typer.Option("--src", help="working tree to copy (default: this checkout)")] = None,
+) -> None:
+    """Write a copy of a working tree with one deliberate bug, to deploy with --src and watch the gate catch it."""
+    if kind not in variants.VARIANTS:
+        raise UsageError(f"unknown variant {kind!r}: one of {', '.join(sorted(variants.VARIANTS))}")
+    src = (src or default_tree()).resolve()
+    missing = [d for d in BUNDLE_DIRS if not (src / d).is_dir()]
+    if missing:
+        raise UsageError(f"{src} is not a kdtree-engine tree (no {', '.join(missing)}/)")
+    try:
+        tree = variants.VARIANTS[kind](src, dest)
+    except variants.VariantError as exc:
+        raise UsageError(str(exc)) from None
+    common.out.print(str(tree), soft_wrap=True)

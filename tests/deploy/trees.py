@@ -4,45 +4,23 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 
-from opsctl.release import BUNDLE_DIRS
+from opsctl.testbed import variants
 
 REPO = Path(__file__).resolve().parents[2]
 # For working on these tests with a stand-in tree; unset in CI, where the repository's own tree is used.
 SOURCE = Path(os.environ.get("KDTREE_DEPLOY_TEST_TREE") or REPO)
-_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "build", "*.egg-info", ".pytest_cache")
 
 
 def copy_tree(dest: Path, tag: str = "") -> Path:
-    """A copy of the bundle dirs; ``tag`` adds a comment to a file so that the release id differs."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for d in BUNDLE_DIRS:
-        shutil.copytree(SOURCE / d, dest / d, ignore=_IGNORE, dirs_exist_ok=True)
-    if tag:
-        p = dest / "deploy" / "VARIANT"
-        p.write_text(f"{tag}\n")
-    return dest
+    """A copy of the bundle dirs; ``tag`` adds a marker file so that the release id differs."""
+    return variants.copy_tree(SOURCE, dest, tag)
 
 
 def classic_bug(dest: Path, tag: str = "classic-bug") -> Path:
-    """The marshaling bug of docs/sglang-verify.md, made the way marshal.py's docstring says: drafts left out of the keys."""
-    tree = copy_tree(dest, tag)
-    marshal = tree / "backend" / "kdtree_backend" / "marshal.py"
-    lines = marshal.read_text().splitlines(keepends=True)
-    out = []
-    changed = 0
-    for line in lines:
-        if "# kdtree:drafts-appended" in line and not line.lstrip().startswith("#"):
-            indent = re.match(r"\s*", line).group(0)  # type: ignore[union-attr]
-            out.append(f"{indent}pass  # classic bug: drafts not appended ({line.strip()})\n")
-            changed += 1
-        else:
-            out.append(line)
-    assert changed, f"no '# kdtree:drafts-appended' code line in {marshal}"
-    marshal.write_text("".join(out))
-    return tree
+    """The marshaling bug of docs/sglang-verify.md, made as the rehearsal makes it (opsctl.testbed.variants)."""
+    return variants.seed_bug(SOURCE, dest, tag)
 
 
 _SERVICE_MODE = "import sys as _s\n_service = '--steps' in _s.argv and _s.argv[_s.argv.index('--steps') + 1] == '0'\n"
