@@ -15,8 +15,9 @@ import shlex
 import socket
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ class AlertState:
 @dataclass(frozen=True)
 class Delivery:
     alert: Alert
-    target: str  # "command" / "webhook" / "none"
+    target: str  # "command" / "webhook" / "none" / "error" (the hook itself crashed)
     ok: bool
     error: str | None = None
 
@@ -122,17 +123,43 @@ def _run_command(command: str, alert: Alert, body: bytes) -> Delivery:
 
 def _post_webhook(url: WebhookUrl, alert: Alert, body: bytes) -> Delivery:
     """POST the alert. Every message names the URL redacted (``str(url)``): the real one may hold a token, and a
-    library error can quote it, so the error text is scrubbed of it too."""
+    library error can quote any part of it, so the error text is scrubbed of every part (:func:`redact`).
+    Whatever goes wrong (http.client's InvalidURL is neither an OSError nor a ValueError) is a failed delivery,
+    never an exception: the alert state and ``--rollback-on-fail`` come after the delivery."""
     secret = url.get_secret_value()
-    req = urllib.request.Request(secret, data=body, method="POST", headers={"Content-Type": "application/json"})
     try:
+        req = urllib.request.Request(secret, data=body, method="POST", headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=DELIVERY_TIMEOUT_S) as resp:
             resp.read(1024)
     except urllib.error.HTTPError as e:
         return Delivery(alert, "webhook", False, f"{url}: HTTP {e.code}")
-    except (OSError, ValueError) as e:
-        return Delivery(alert, "webhook", False, f"{url}: {str(e).replace(secret, str(url))}")
+    except Exception as e:  # any library failure is a failed delivery, reported redacted
+        return Delivery(alert, "webhook", False, f"{url}: {redact(f'{type(e).__name__}: {e}', [secret])}")
     return Delivery(alert, "webhook", True)
+
+
+def secret_parts(url: str) -> list[str]:
+    """The pieces of a webhook URL that may be secret, longest first: the whole URL, its authority (user and
+    password included), the user, the password, the path and the query. A library error quotes any of them."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        pieces = [url, parts.netloc, parts.username or "", parts.password or "", parts.path, parts.query]
+    except ValueError:
+        pieces = [url]
+    # A piece of one or two characters ('/', 'a') would blank out the message, not a secret.
+    return sorted({p for p in pieces if len(p) > 2}, key=len, reverse=True)
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret part of each webhook URL in ``secrets`` replaced by ``<redacted>``."""
+    for piece in sorted({p for s in secrets for p in secret_parts(s)}, key=len, reverse=True):
+        text = text.replace(piece, "<redacted>")
+    return text
+
+
+def webhook_secrets(hosts: Iterable[HostConfig]) -> list[str]:
+    """Every host's webhook URL (the raw values :func:`redact` scrubs from an error)."""
+    return [h.health.alert_webhook.get_secret_value() for h in hosts if h.health.alert_webhook is not None]
 
 
 def notify(
@@ -152,7 +179,11 @@ def notify(
         if alert is None:
             new_state[r.host] = r.level.value
             continue
-        sent = sender(hosts[r.host], alert)
+        try:
+            sent = sender(hosts[r.host], alert)
+        except Exception as e:  # one host's broken hook must not stop the others or the state
+            why = redact(f"{type(e).__name__}: {e}", webhook_secrets([hosts[r.host]]))
+            sent = [Delivery(alert, "error", False, f"alert hook crashed: {why}")]
         deliveries.extend(sent)
         if all(d.ok for d in sent):
             new_state[r.host] = r.level.value

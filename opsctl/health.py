@@ -7,8 +7,8 @@ keeps one JSON line per host and run on the machine running opsctl (the NRestart
 check lives there). This module returns data: the table, JSON and Prometheus text are opsctl.cli.render's.
 
 Exit codes: 0 when every host is OK, 1 when the worst is WARN, 2 when any host is CRIT (an unreachable host is
-CRIT). A check that does not apply to a host (no GPU expected, no HTTP port in replay mode) is ``skip`` and never
-changes the verdict.
+CRIT); 3 when the check itself failed (``EXIT_HEALTH_ERROR``). A check that does not apply to a host (no GPU
+expected, no HTTP port in replay mode) is ``skip`` and never changes the verdict.
 """
 
 from __future__ import annotations
@@ -106,6 +106,13 @@ class HostHealth:
 
 def exit_code(results: Iterable[HostHealth]) -> int:
     return max((r.level.severity for r in results), default=0)
+
+
+# The health check itself failed (bad inventory or option, an alert hook that could not even be tried, a bug):
+# none of 0/1/2, which are findings about hosts, so the opsctl-health timer (SuccessExitStatus=1 2) shows it
+# as a failed run instead of a CRIT it only reports.
+EXIT_HEALTH_ERROR = 3
+FINDING_EXIT_CODES = (1, 2)  # WARN, CRIT: a run that found problems, not a failed run (the timer's SuccessExitStatus)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -15,10 +15,10 @@ import shutil
 import subprocess
 import unicodedata
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import InventoryError
+from .errors import InventoryError, UsageError
 
 ENV_VAR = "OPSCTL_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
@@ -96,6 +96,17 @@ def _webhook(value: WebhookUrl) -> WebhookUrl:
         raise ValueError("is not a parsable URL (value not shown: webhook URLs often hold secrets)") from None
     if parts.scheme not in ("http", "https") or not host or any(c.isspace() for c in text):
         raise ValueError("must be an http:// or https:// URL with a host (value not shown: it may hold a secret)")
+    if "@" in parts.netloc:
+        # urllib does not send user:password@ as credentials (it reads the password as a port and fails), and
+        # every error would quote it: put a token in the path or query instead, which opsctl never prints.
+        raise ValueError(
+            "must not carry a user name or password (user:password@host); put the token in the URL's path or "
+            "query (value not shown)"
+        )
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number, as delivery would
+    except ValueError:
+        raise ValueError("has a port that is not a number (value not shown: it may hold a secret)") from None
     return value
 
 
@@ -173,7 +184,8 @@ GpuArch = Annotated[str, AfterValidator(_arch)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or NaN in any number: `pass_rel: .inf` would let rel=1e300 pass, and JSON has no Infinity.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -297,6 +309,28 @@ class Inventory:
         return hosts[0]
 
 
+_Settings = TypeVar("_Settings", bound=BaseModel)
+
+
+def with_options(settings: _Settings, options: Mapping[str, tuple[str, Any]]) -> _Settings:
+    """``settings`` (an inventory section, e.g. a host's ``gate``) with fields set from command-line options:
+    ``{field: (option, value)}``; a None value leaves the field as it is. Every rule of the inventory holds
+    (finite thresholds, fail_rel >= pass_rel, ...), and a refusal is one UsageError line naming the option
+    (``--pass-rel: Input should be a finite number``), never pydantic's multi-line dump."""
+    update = {name: value for name, (_, value) in options.items() if value is not None}
+    try:
+        return type(settings).model_validate({**settings.model_dump(), **update})
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = first["loc"][0] if first["loc"] else None
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        if isinstance(loc, str) and loc in options:
+            raise UsageError(f"{options[loc][0]}: {msg}") from None
+        for name, (option, _) in options.items():  # a rule over several fields names them as the fields
+            msg = msg.replace(name, option)
+        raise UsageError(msg) from None
+
+
 def default_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     """--inventory, else $OPSCTL_INVENTORY, else ./inventory.yaml."""
     if explicit:
@@ -332,8 +366,53 @@ def calendar_problem(expression: str) -> str | None:
     return f"{expression!r} is not a systemd calendar expression: {r.stderr.strip() or r.stdout.strip()}"
 
 
+def shown(value: object) -> str:
+    """A name from the file as an error message shows it: as is when printable, else escaped like a Python
+    literal (``'a\\nb'``), so a newline or an escape sequence in a key can never split or forge a line."""
+    text = str(value)
+    return text if text.isprintable() else repr(text)
+
+
+def _refuse_anchors(text: str, path: Path) -> None:
+    """YAML anchors and aliases are refused before anything is built: nine aliases of nine aliases of ... make
+    a few hundred bytes expand to billions of values (an "alias bomb": minutes and gigabytes before a field
+    check sees them). An inventory shares settings through ``defaults:`` instead."""
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+                what = "an alias (*name)" if isinstance(event, yaml.AliasEvent) else "an anchor (&name)"
+                raise InventoryError(
+                    f"{path}:{event.start_mark.line + 1}: {what}: YAML anchors and aliases are not supported in "
+                    "the inventory; put shared settings in `defaults:`"
+                )
+    except yaml.YAMLError:
+        return  # the parser below reports it, with its line
+
+
+def _check_names(path: Path, lines: dict[tuple[str | int, ...], int], raw: dict[str, Any]) -> None:
+    """Host keys, group names and group members are names: anything else (a newline, an escape sequence, a
+    non-string) is refused here, shown escaped, before a message could print it raw."""
+    for name in raw.get("hosts") or {}:
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            raise InventoryError(
+                f"{path}:{lines.get(('hosts', name), 1)}: hosts: the host name {str(name)!r} is not a safe name "
+                "(letters, digits, '_', '.', '-'; max 63)"
+            )
+    groups = raw.get("groups")
+    for group, members in groups.items() if isinstance(groups, dict) else ():
+        where = f"{path}:{lines.get(('groups', group), 1)}: groups"
+        if not isinstance(group, str) or not _NAME_RE.fullmatch(group):
+            raise InventoryError(
+                f"{where}: the group name {str(group)!r} is not a safe name (letters, digits, '_', '.', '-'; max 63)"
+            )
+        for member in members if isinstance(members, list) else ():
+            if not isinstance(member, str) or not _NAME_RE.fullmatch(member):
+                raise InventoryError(f"{where}.{group}: member {str(member)!r} is not a host name")
+
+
 def parse(text: str, path: Path | str = DEFAULT_FILE) -> Inventory:
     path = Path(path)
+    _refuse_anchors(text, path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         raw = yaml.safe_load(text)
@@ -345,6 +424,7 @@ def parse(text: str, path: Path | str = DEFAULT_FILE) -> Inventory:
     lines = _line_map(node)
     if not isinstance(raw, dict):
         raise InventoryError(f"{path}:1: the inventory must be a mapping with 'hosts' (and 'defaults', 'groups')")
+    _check_names(path, lines, raw)
     try:
         doc = _InventoryFile.model_validate(raw)
     except ValidationError as e:
@@ -428,7 +508,7 @@ def _inventory_error(
     if full not in lines and prefix and loc and ("defaults", *loc) in lines and loc[0] in set(defaults_fields):
         full = ("defaults", *loc)
         line = lines[full]
-    dotted = ".".join(str(p) for p in full) or "(top level)"
+    dotted = ".".join(shown(p) for p in full) or "(top level)"
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown key"

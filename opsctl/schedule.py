@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import OpsError, UsageError
-from .health import state_dir, write_atomic
+from .health import FINDING_EXIT_CODES, state_dir, write_atomic
 from .host.facts import parse_systemctl_show
 from .host.unit import systemctl_argv
 from .inventory import HostConfig
@@ -153,6 +153,8 @@ def render(spec: ScheduleSpec, template_dir: Path = TEMPLATE_DIR) -> dict[str, s
         "TIMEOUT_S": str(spec.timeout_s),
         "ON_CALENDAR": _checked(spec.on_calendar),
         "RANDOMIZED_DELAY_S": str(spec.randomized_delay_s),
+        # WARN and CRIT only: EXIT_HEALTH_ERROR (the check itself failed) must fail the unit.
+        "SUCCESS_EXIT_STATUS": " ".join(str(c) for c in FINDING_EXIT_CODES),
     }
     try:
         return {name: _fill((template_dir / name).read_text(), values) for name in (SERVICE, TIMER)}

@@ -171,25 +171,55 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def report_error(e: OpsError, *, as_json: bool = False) -> None:
-    """One red line on stderr; under --json also ``{"error", "exit_code"}`` on stdout; the traceback with --debug."""
+def report_error(e: OpsError, *, as_json: bool = False, exit_code: int | None = None) -> int:
+    """One red line on stderr; under --json also ``{"error", "exit_code", "kind"}`` on stdout; the traceback with
+    --debug. ``exit_code`` overrides the error's own (a command with its own scale, like ``health``). Returns
+    the exit code."""
+    code = e.exit_code if exit_code is None else exit_code
     if options.debug:
         err.print(escape("".join(traceback.format_exception(e)).rstrip()), soft_wrap=True, highlight=False)
     err.print(f"[bold red]error:[/] [red]{escape(e.message)}[/]", soft_wrap=True)
     if as_json:
-        emit_json({"error": e.message, "exit_code": e.exit_code, "kind": type(e).__name__})
+        emit_json({"error": e.message, "exit_code": code, "kind": type(e).__name__})
+    return code
 
 
-def report_unexpected(e: BaseException, *, as_json: bool = False) -> int:
-    """A bug or an unforeseen library error: one line (and the traceback with --debug), exit code 1."""
+def report_unexpected(e: BaseException, *, as_json: bool = False, exit_code: int = 1) -> int:
+    """A bug or an unforeseen library error: one line (and the traceback with --debug), exit code 1 (or the
+    command's own failure code)."""
     if options.debug:
         err.print(escape("".join(traceback.format_exception(e)).rstrip()), soft_wrap=True, highlight=False)
     message = f"{type(e).__name__}: {e}"
     hint = "" if options.debug else " (rerun with --debug for the traceback)"
     err.print(f"[bold red]error:[/] [red]{escape(message)}[/]{hint}", soft_wrap=True)
     if as_json:
-        emit_json({"error": message, "exit_code": 1, "kind": type(e).__name__})
-    return 1
+        emit_json({"error": message, "exit_code": exit_code, "kind": type(e).__name__})
+    return exit_code
+
+
+def report_usage_error(e: typer.TyperException, *, as_json: bool = False, exit_code: int | None = None) -> int:
+    """A usage error found by the option parser (bad option value, missing argument, unknown option): Click's
+    own message and hint on stderr, and under --json also ``{"error", "exit_code", "kind"}`` on stdout, like
+    every other error. Returns the exit code (2, or the command's own failure code)."""
+    code = e.exit_code if exit_code is None else exit_code
+    if as_json:
+        err.print(f"[bold red]error:[/] [red]{escape(e.format_message())}[/]", soft_wrap=True)
+        emit_json({"error": e.format_message(), "exit_code": code, "kind": type(e).__name__})
+    else:
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(e)
+    return code
+
+
+# Commands whose failures have an exit code of their own rather than the error's (`health`: 0/1/2 are its
+# findings, so a failure of the check itself must be none of them; docs/exit-codes.md). Keyed by command name;
+# main.py applies it to option-parser errors too.
+FAILURE_EXIT: dict[str, int] = {}
+
+
+def failure_exit(command: str | None) -> int | None:
+    return FAILURE_EXIT.get(command or "")
 
 
 @contextmanager
@@ -213,6 +243,29 @@ def bounded(fn: Callable[..., None]) -> Callable[..., None]:
             fn(*args, **kwargs)
 
     return wrapper
+
+
+def bounded_failing_with(exit_code: int) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Like :func:`bounded`, for a command whose every failure (an OpsError, or a bug: an unexpected exception)
+    exits ``exit_code`` instead of the error's own code, so a caller that reads the command's own scale (a
+    systemd timer reading ``health``'s 0/1/2) can never take a crash for a finding."""
+
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> None:
+            as_json = bool(kwargs.get("as_json") or kwargs.get("json_out"))
+            try:
+                fn(*args, **kwargs)
+            except (typer.Exit, typer.TyperException, typer.Abort):
+                raise  # typer.Exit is a RuntimeError: the command's own exit code, not a failure
+            except OpsError as e:
+                raise typer.Exit(report_error(e, as_json=as_json, exit_code=exit_code)) from None
+            except Exception as e:  # the boundary: a bug is one line and the failure code
+                raise typer.Exit(report_unexpected(e, as_json=as_json, exit_code=exit_code)) from None
+
+        return wrapper
+
+    return decorate
 
 
 def ok_mark(ok: bool | None) -> str:

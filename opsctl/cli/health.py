@@ -1,6 +1,7 @@
 """CLI: `opsctl health HOST|GROUP|--all` and `opsctl schedule install|remove|status`.
 
-Thin: parse options, call opsctl.health / alerts / schedule, print. Exit codes of `health`: 0 OK, 1 WARN, 2 CRIT.
+Thin: parse options, call opsctl.health / alerts / schedule, print. Exit codes of `health`: 0 OK, 1 WARN, 2 CRIT,
+3 the check itself failed (bad inventory or option, a crash, an alert state that could not be saved).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from .. import alerts, schedule
 from .. import health as hl
@@ -51,8 +53,35 @@ def health_command(
     inventory_path: common.InventoryOption = None,
     accept_new_host_key: common.AcceptNewHostKeyOption = False,
 ) -> None:
-    """Check hosts: unit, HTTP, GPU, drift, parity, disk, lock. Exit 0 OK, 1 WARN, 2 CRIT."""
+    """Check hosts: unit, HTTP, GPU, drift, parity, disk, lock. Exit 0 OK, 1 WARN, 2 CRIT, 3 the check failed."""
     inventory = common.inventory(inventory_path, accept_new_host_key=accept_new_host_key)
+    secrets = alerts.webhook_secrets(inventory.hosts.values())
+    try:
+        _health(inventory, target, all_hosts, as_json, prometheus, rollback_on_fail, no_alerts)
+    except (typer.Exit, typer.TyperException, typer.Abort):
+        raise
+    except OpsError as e:  # any message may quote a webhook URL: scrub it before the boundary prints it
+        e.message = alerts.redact(e.message, secrets)
+        raise
+    except Exception as e:  # a bug: reported by the boundary, as redacted as the rest
+        raise HealthCheckFailed(alerts.redact(f"{type(e).__name__}: {e}", secrets)) from e
+
+
+class HealthCheckFailed(OpsError):
+    """The health check itself could not run to its end (not a finding about a host)."""
+
+    exit_code = hl.EXIT_HEALTH_ERROR
+
+
+def _health(
+    inventory: inv.Inventory,
+    target: str | None,
+    all_hosts: bool,
+    as_json: bool,
+    prometheus: Path | None,
+    rollback_on_fail: bool,
+    no_alerts: bool,
+) -> None:
     name, hosts = _targets(inventory, target, all_hosts)
     t0 = time.monotonic()
     run = hl.check_hosts(hosts, hl.ssh_probe, hl.HealthHistory())
@@ -66,7 +95,13 @@ def health_command(
             markup=False,
             soft_wrap=True,
         )
-    deliveries = [] if no_alerts else alerts.notify(inventory.hosts, run.results)
+    deliveries: list[alerts.Delivery] = []
+    alert_failure = None
+    try:
+        deliveries = [] if no_alerts else alerts.notify(inventory.hosts, run.results)
+    except Exception as e:  # e.g. the alert state not writable: roll back first, then fail the run
+        alert_failure = f"alert hook failed: {type(e).__name__}: {e}"
+    # Rollbacks do not depend on the alerts: a failed delivery (or alert state) never stops one.
     rollbacks = _rollback(hosts, run, as_json) if rollback_on_fail else []
     if as_json:
         doc = render.to_json(run.results)
@@ -74,6 +109,9 @@ def health_command(
         doc["elapsed_s"] = round(elapsed, 3)
         doc["alerts"] = [{"host": d.alert.host, "to": d.target, "ok": d.ok, "error": d.error} for d in deliveries]
         doc["rollbacks"] = rollbacks
+        if alert_failure:
+            doc["error"] = alerts.redact(alert_failure, alerts.webhook_secrets(inventory.hosts.values()))
+            doc["exit_code"] = hl.EXIT_HEALTH_ERROR
         common.emit_json(doc)
     else:
         console.print(render.render_table(run.results))
@@ -89,6 +127,11 @@ def health_command(
             f"health {name}: {verdict} ({len(run.results)} host(s) in {elapsed:.2f}s)",
             style=["green", "yellow", "bold red"][run.exit_code],
         )
+    if alert_failure:
+        if as_json:  # the document above carries the error; stdout stays one JSON document
+            common.err.print(f"[bold red]error:[/] [red]{escape(alert_failure)}[/]", soft_wrap=True)
+            raise typer.Exit(hl.EXIT_HEALTH_ERROR)
+        raise HealthCheckFailed(alert_failure)
     raise typer.Exit(run.exit_code)
 
 
@@ -199,4 +242,5 @@ def schedule_status(
 
 
 app = typer.Typer()
-app.command("health")(common.bounded(health_command))
+app.command("health")(common.bounded_failing_with(hl.EXIT_HEALTH_ERROR)(health_command))
+common.FAILURE_EXIT["health"] = hl.EXIT_HEALTH_ERROR

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from .. import __version__
-from ..errors import EXIT_INTERRUPTED, OpsError
+from ..errors import EXIT_INTERRUPTED, EXIT_NOT_CONFIRMED, OpsError
 from . import bundle, capture, common, deploy, health, hosts, parity, testbed
 
 app = typer.Typer(
@@ -63,10 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args
     try:
-        app(args=args, prog_name="opsctl", standalone_mode=True)
+        # Not standalone: Click's usage errors (bad option value, missing argument) come here instead of being
+        # printed as a box and exiting, so under --json they are a JSON object like every other error.
+        rc = app(args=args, prog_name="opsctl", standalone_mode=False)
+    except typer.TyperException as e:
+        return common.report_usage_error(e, as_json=as_json, exit_code=common.failure_exit(_command_of(e)))
+    except typer.Abort:
+        common.err.print("[red]aborted[/]")
+        return EXIT_NOT_CONFIRMED
     except OpsError as e:
-        common.report_error(e, as_json=as_json)
-        return e.exit_code
+        return common.report_error(e, as_json=as_json)
     except KeyboardInterrupt:
         common.err.print("[red]interrupted[/]")
         return EXIT_INTERRUPTED
@@ -74,7 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except Exception as e:  # a bug or an unforeseen library error: one line, the traceback only with --debug
         return common.report_unexpected(e, as_json=as_json)
-    return 0
+    return rc if isinstance(rc, int) else 0
+
+
+def _command_of(e: typer.TyperException) -> str | None:
+    """The name of the command a usage error belongs to (None for the top level)."""
+    ctx = getattr(e, "ctx", None)
+    return ctx.command.name if ctx is not None and ctx.command is not None else None
 
 
 if __name__ == "__main__":

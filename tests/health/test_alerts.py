@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-from opsctl.alerts import Alert, AlertState, Delivery, decide, notify, send
+import pytest
+
+from opsctl.alerts import Alert, AlertState, Delivery, _post_webhook, decide, notify, redact, send
+from opsctl.errors import InventoryError
 from opsctl.health import HostHealth, evaluate
+from opsctl.inventory import WebhookUrl
 
 from .hosts import inventory
 from .test_health_eval import REPLAY, healthy
@@ -116,3 +121,52 @@ def test_webhook_receives_posted_json() -> None:
         assert not d2.ok
     finally:
         server.server_close()
+
+
+SECRET_URL = "https://ops:SECRETPASS@hooks.example.com/hook"
+
+
+def test_webhook_with_userinfo_is_refused_at_load_naming_host_and_field_never_the_password() -> None:
+    for url in (SECRET_URL, "https://ops@hooks.example.com/hook", "https://hooks.example.com:SECRETPASS/x"):
+        with pytest.raises(InventoryError) as e:
+            inventory({"web1": {**REPLAY, "health": {"alert_webhook": url}}})
+        assert "hosts.web1.health.alert_webhook" in e.value.message
+        assert "SECRETPASS" not in e.value.message and "ops" not in e.value.message.split(": ", 2)[-1]
+
+
+def test_every_webhook_delivery_failure_is_a_redacted_failed_delivery() -> None:
+    """A URL the inventory would refuse (built by hand here) makes urllib raise http.client.InvalidURL, which is
+    neither an OSError nor a ValueError: it is a failed delivery, and no part of the secret is in its error."""
+    _hosts, res = run_of({"a": "crit"})
+    alert = decide({}, res)[0]
+    for url in (
+        SECRET_URL,
+        "https://hooks.example.com:99999999/TOKEN123/x",
+        "http://127.0.0.1:1/TOKEN123?k=QUERYSECRET",
+    ):
+        d = _post_webhook(WebhookUrl(url), alert, b"{}")
+        assert not d.ok and d.target == "webhook" and d.error
+        for secret in ("SECRETPASS", "TOKEN123", "QUERYSECRET", "ops:"):
+            assert secret not in d.error, d.error
+
+
+def test_redact_scrubs_every_part_of_the_url() -> None:
+    text = "nonnumeric port: 'SECRETPASS@hooks.example.com' for https://ops:SECRETPASS@hooks.example.com/hook"
+    out = redact(text, [SECRET_URL])
+    assert "SECRETPASS" not in out and "/hook" not in out and "<redacted>" in out
+
+
+def test_a_crashing_alert_hook_is_a_failed_delivery_and_the_other_hosts_state_is_saved(tmp_path: Path) -> None:
+    state = AlertState(tmp_path / "alert-state.json")
+    hosts, res = run_of({"a": "crit", "b": "warn"})
+
+    def sender(host, alert):  # type: ignore[no-untyped-def]
+        if alert.host == "a":
+            raise http.client.InvalidURL("nonnumeric port: 'SECRETPASS@hooks.example.com'")
+        return [Delivery(alert, "command", True)]
+
+    deliveries = notify(hosts, res, state, sender)
+    failed = [d for d in deliveries if not d.ok]
+    assert [(d.alert.host, d.target) for d in failed] == [("a", "error")]
+    assert "InvalidURL" in (failed[0].error or "")
+    assert state.load() == {"b": "warn"}  # a's alert is retried next run; b's was delivered and recorded

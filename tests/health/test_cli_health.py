@@ -65,11 +65,12 @@ def test_unreachable_group_is_crit_exit_2_with_json_history_and_textfile(inv_fil
 def test_table_output_and_usage_errors(inv_file: Path) -> None:
     r = CliRunner().invoke(app(), ["health", "--all", "-i", str(inv_file)])
     assert r.exit_code == 2 and "CRIT" in r.stdout and "health all: CRIT" in r.stdout
-    # Usage errors are one red line and exit 2 (no exception escapes the command).
+    # Usage errors are one red line and exit 3, the health check's own failure code (no exception escapes the
+    # command; 2 would read as CRIT, a finding, to the timer).
     both = CliRunner().invoke(app(), ["health", "pair", "--all", "-i", str(inv_file)])
-    assert both.exit_code == 2 and "give a HOST or GROUP, or --all, not both" in both.output
+    assert both.exit_code == 3 and "give a HOST or GROUP, or --all, not both" in both.output
     neither = CliRunner().invoke(app(), ["health", "-i", str(inv_file)])  # several hosts, no `default:`
-    assert neither.exit_code == 2 and "which host?" in neither.output and "add `default: HOST`" in neither.output
+    assert neither.exit_code == 3 and "which host?" in neither.output and "add `default: HOST`" in neither.output
 
 
 def test_schedule_install_status_remove(inv_file: Path, tmp_path: Path) -> None:
@@ -82,3 +83,50 @@ def test_schedule_install_status_remove(inv_file: Path, tmp_path: Path) -> None:
     assert st.exit_code == 0 and json.loads(st.stdout)["installed"] is True
     rm = runner.invoke(app(), ["schedule", "remove", "--system"])
     assert rm.exit_code == 0 and not (tmp_path / "units" / schedule.TIMER).exists()
+
+
+def test_a_failed_alert_state_still_rolls_back_and_fails_the_run_with_its_own_code(
+    inv_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The alert state cannot be read or written (a directory where the file should be): the hosts' verdicts are
+    still printed, --rollback-on-fail still runs, and the run exits 3, which the timer does not count as success."""
+    (tmp_path / "state" / "alert-state.json").mkdir(parents=True)
+    rolled: list[list[str]] = []
+
+    def rollback(hosts, run, quiet):  # type: ignore[no-untyped-def]
+        rolled.append([h.name for h in hosts])
+        return []
+
+    monkeypatch.setattr(cli_health, "_rollback", rollback)
+    r = CliRunner().invoke(app(), ["health", "pair", "--json", "--rollback-on-fail", "-i", str(inv_file)])
+    assert r.exit_code == cli_health.hl.EXIT_HEALTH_ERROR == 3, r.output
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "crit" and doc["exit_code"] == 3 and "alert hook failed" in doc["error"]
+    assert rolled == [["down1", "down2"]]
+    text = CliRunner().invoke(app(), ["health", "pair", "-i", str(inv_file)])
+    assert text.exit_code == 3 and "health pair: CRIT" in text.stdout and "alert hook failed" in text.output
+
+
+def test_a_crash_of_the_health_command_exits_3_as_json(inv_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*_a: object, **_k: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(cli_health.hl, "check_hosts", boom)
+    r = CliRunner().invoke(app(), ["health", "pair", "--json", "-i", str(inv_file)])
+    assert r.exit_code == 3
+    assert json.loads(r.stdout) == {"error": "RuntimeError: bug", "exit_code": 3, "kind": "HealthCheckFailed"}
+
+
+def test_health_failures_through_main_exit_3_usage_errors_included(
+    inv_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from opsctl.cli.main import main
+
+    assert main(["health", "--json", "-i", str(inv_file.parent / "missing.yaml")]) == 3
+    assert json.loads(capsys.readouterr().out)["kind"] == "InventoryError"
+    assert main(["health", "--json", "--no-such-option"]) == 3  # an option parser error of health: its code too
+    assert json.loads(capsys.readouterr().out) == {
+        "error": "No such option: --no-such-option",
+        "exit_code": 3,
+        "kind": "NoSuchOption",
+    }
