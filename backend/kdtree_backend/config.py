@@ -1,8 +1,8 @@
 """The release's kdtree configuration: ``$KDTREE_CONFIG`` (JSON) or ``<release>/deploy/kdtree.json``.
 
 Environment overrides (for a one-off run, e.g. from the unit's Environment=):
-  KDTREE_PARITY=0|1, KDTREE_PARITY_EVERY=N, KDTREE_PARITY_LAYERS=0,30,60, KDTREE_USE_KERNEL=0|1,
-  KDTREE_ATTENTION_MODE=kdtree|prefill.
+  KDTREE_PARITY=0|1, KDTREE_PARITY_EVERY=N, KDTREE_PARITY_BURST=N, KDTREE_PARITY_LAYERS=0,30,60,
+  KDTREE_USE_KERNEL=0|1, KDTREE_ATTENTION_MODE=kdtree|prefill.
 Parsing is pure (:func:`parse_config`); only :func:`load_config` touches the file system and environment.
 """
 
@@ -20,6 +20,10 @@ CONFIG_ENV = "KDTREE_CONFIG"
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "deploy" / "kdtree.json"
 ATTENTION_MODES = ("kdtree", "prefill")  # kdtree everywhere, or prefill=kdtree with decode=triton
 TREE_KINDS = ("tree", "chain", "star")
+# Verify steps sampled densely after the process starts: 8 steps x 3 layers = 24 lines per rank, far more than
+# the gate's consecutive_passes (3 by default), so a verdict needs only the first few steps of traffic.
+DEFAULT_BURST_STEPS = 8
+STANDIN_FAULTS = ("nan", "rel-offset", "silent-rank", "crash-at-load", "http-500")
 
 
 class ConfigError(ValueError):
@@ -31,10 +35,56 @@ class ParityConfig:
     enabled: bool = True
     every_n_steps: int = 50
     layers: tuple[int, ...] = (0, 30, 60)
+    # Every one of the first ``burst_steps`` verify steps after the process start is sampled (docs/lines.md):
+    # the deploy gate's verdict then needs seconds of traffic after readiness, not every_n_steps x passes steps.
+    burst_steps: int = DEFAULT_BURST_STEPS
+
+    def sampled(self, step: int) -> bool:
+        """Parity on this verify step (0-based count since the process started)?"""
+        return self.enabled and (step < self.burst_steps or step % self.every_n_steps == 0)
 
     def wants(self, step: int, layer: int) -> bool:
         """Parity on this verify step (0-based count) and layer?"""
-        return self.enabled and step % self.every_n_steps == 0 and layer in self.layers
+        return self.sampled(step) and layer in self.layers
+
+
+@dataclass(frozen=True)
+class StandinFault:
+    """A failure the testbed's stand-in server injects (docs/testbed.md): ``kind`` one of STANDIN_FAULTS,
+    ``value`` the offset of rel-offset or the rank of silent-rank."""
+
+    kind: str
+    value: float = 0.0
+
+    @staticmethod
+    def parse(raw: object, name: str = "standin.fault") -> StandinFault | None:
+        if raw is None or raw == "":
+            return None
+        if not isinstance(raw, str):
+            raise ConfigError(f"{name} must be a string or null, got {raw!r}")
+        kind, _, arg = raw.partition(":")
+        if kind not in STANDIN_FAULTS:
+            raise ConfigError(f"{name} must be one of {', '.join(STANDIN_FAULTS)} (or null), got {raw!r}")
+        if kind in ("rel-offset", "silent-rank"):
+            try:
+                value = float(arg) if kind == "rel-offset" else float(int(arg))
+            except ValueError:
+                what = "a number, e.g. rel-offset:0.5" if kind == "rel-offset" else "a rank, e.g. silent-rank:1"
+                raise ConfigError(f"{name} {raw!r}: {kind} needs {what}") from None
+            if kind == "silent-rank" and value < 0:
+                raise ConfigError(f"{name} {raw!r}: the rank must be >= 0")
+            return StandinFault(kind, value)
+        if arg:
+            raise ConfigError(f"{name} {raw!r}: {kind} takes no argument")
+        return StandinFault(kind)
+
+
+@dataclass(frozen=True)
+class StandinConfig:
+    """The testbed's SGLang stand-in (kdtree_backend.serve): model-load delay and an injected failure."""
+
+    load_delay_s: float = 3.0
+    fault: StandinFault | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +106,7 @@ class KdtreeConfig:
     use_kernel: bool = True
     attention_mode: str = "kdtree"
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    standin: StandinConfig = field(default_factory=StandinConfig)
     # The CUDA graphs carry capture slots for the parity layers (docs/capture.md): without conditional nodes in
     # torch, their copies run on every replay (~10-25 us per step for 3 layers on an H200); false saves that,
     # and a capture under CUDA graphs then ends at once with reason graph_capture_off.
@@ -78,6 +129,16 @@ def _positive_int(value: object, name: str) -> int:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}") from None
     if number < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return number
+
+
+def _non_negative_int(value: object, name: str) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer >= 0, got {value!r}") from None
+    if number < 0:
+        raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
     return number
 
 
@@ -110,7 +171,11 @@ def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None, 
     capture_raw = dict(_section(data, "capture"))
     if env.get("KDTREE_CAPTURE_IN_GRAPHS"):
         capture_raw["in_graphs"] = env["KDTREE_CAPTURE_IN_GRAPHS"]
-    for env_key, key in (("KDTREE_PARITY", "enabled"), ("KDTREE_PARITY_EVERY", "every_n_steps")):
+    for env_key, key in (
+        ("KDTREE_PARITY", "enabled"),
+        ("KDTREE_PARITY_EVERY", "every_n_steps"),
+        ("KDTREE_PARITY_BURST", "burst_steps"),
+    ):
         if env.get(env_key):
             parity_raw[key] = env[env_key]
     if env.get("KDTREE_PARITY_LAYERS") is not None:
@@ -125,6 +190,7 @@ def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None, 
         enabled=_bool(parity_raw.get("enabled", defaults.enabled), "parity.enabled"),
         every_n_steps=_positive_int(parity_raw.get("every_n_steps", defaults.every_n_steps), "parity.every_n_steps"),
         layers=_layers(parity_raw.get("layers", list(defaults.layers)), "parity.layers"),
+        burst_steps=_non_negative_int(parity_raw.get("burst_steps", defaults.burst_steps), "parity.burst_steps"),
     )
     mode = str(backend_raw.get("attention_mode", "kdtree"))
     if mode not in ATTENTION_MODES:
@@ -135,6 +201,7 @@ def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None, 
         use_kernel=_bool(backend_raw.get("use_kernel", True), "backend.use_kernel"),
         attention_mode=mode,
         replay=replay,
+        standin=_parse_standin(dict(_section(data, "standin"))),
         capture_in_graphs=_bool(capture_raw.get("in_graphs", True), "capture.in_graphs"),
         source=source or "inline",
     )
@@ -162,6 +229,20 @@ def _parse_replay(raw: Mapping[str, Any]) -> ReplayConfig:
             raise ConfigError(f"replay.tree must be one of {TREE_KINDS}, got {raw['tree']!r}")
         values["tree"] = raw["tree"]
     return replace(base, **values)
+
+
+def _parse_standin(raw: Mapping[str, Any]) -> StandinConfig:
+    unknown = sorted(set(raw) - {"load_delay_s", "fault"})
+    if unknown:
+        raise ConfigError(f"standin: unknown key(s) {', '.join(unknown)}; known: load_delay_s, fault")
+    delay = raw.get("load_delay_s", StandinConfig.load_delay_s)
+    try:
+        load_delay_s = float(delay)
+    except (TypeError, ValueError):
+        raise ConfigError(f"standin.load_delay_s must be a number of seconds, got {delay!r}") from None
+    if not load_delay_s >= 0:
+        raise ConfigError(f"standin.load_delay_s must be >= 0, got {delay!r}")
+    return StandinConfig(load_delay_s=load_delay_s, fault=StandinFault.parse(raw.get("fault")))
 
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:

@@ -10,7 +10,8 @@ run before every replay, outside the graph) marshals into those buffers with dev
 forward reads them. Nothing in the replayed path synchronises with the host.
 
 Parity (kernel vs SGLang's Triton ``extend_attention_fwd`` on the same inputs; never changes the output):
-  * eager: on sampled steps (every N verify steps) the sampled layers run Triton into a scratch buffer and the
+  * sampled steps: each of the first ``parity.burst_steps`` verify steps after the start, then every N;
+  * eager: on sampled steps the sampled layers run Triton into a scratch buffer and the
     line is printed at once (a host sync, on sampled steps only);
   * CUDA graphs: the Triton call and the diff reductions of the sampled layers are captured in the graph.
     Triton reads its query offsets from a parity rail that :meth:`prepare` arms (copies the real
@@ -180,7 +181,7 @@ class VerifyEngine:
         self.bs = bs
         if not capture:
             self.step += 1
-        self._sampled = not capture and self.parity.enabled and self.step % self.parity.every_n_steps == 0
+        self._sampled = not capture and self.parity.sampled(self.step)  # burst after start, then every N
         tokens = bs * self.q_len
         if graph:
             buffers = self.graph

@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -36,6 +36,10 @@ EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_PARITY_FAILED = 3
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+# (rank, (max_abs_diff, mean, rel)) -> the stats to print, or None to print no parity line: the stand-in
+# server's injected faults (kdtree_backend.serve); the replay itself prints what it measured.
+ParityFilter = Callable[[int, tuple[float, float, float]], tuple[float, float, float] | None]
 
 
 @dataclass(frozen=True)
@@ -167,28 +171,46 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
 
 
 class ReplayService:
-    """One verify step per call of :meth:`step`: build a batch, run every layer, print lines."""
+    """One verify step per call of :meth:`step`: build a batch, run every layer, print lines. Also the verify
+    path of the stand-in server (kdtree_backend.serve), one step per decode step of a request."""
 
-    def __init__(self, settings: ReplaySettings, device: torch.device, use_kernel: bool) -> None:
+    def __init__(
+        self,
+        settings: ReplaySettings,
+        device: torch.device,
+        use_kernel: bool,
+        *,
+        sink: Callable[[str], None] = emit,
+        capture: bool | None = None,
+        parity_filter: ParityFilter | None = None,
+    ) -> None:
         self.settings = settings
         self.device = device
         self.use_kernel = use_kernel
-        self.shapes_once = OncePer()
+        self.sink = sink
+        self.parity_filter = parity_filter
+        self.shapes_once = OncePer(sink)
         self.outcome = ReplayOutcome()
         self.identities = [ParityIdentity.from_env(tp=rank) for rank in range(settings.tp_size)]
-        # The service (--steps 0) captures when armed, one capturer per rank it stands in for; a one-shot check
-        # run from a new release never does.
+        # A service (the replay with --steps 0, the stand-in server) captures when armed, one capturer per rank
+        # it stands in for; a one-shot check run from a new release never does.
+        if capture is None:
+            capture = settings.steps == 0
         self.capturers = [
-            Capturer.from_environment(tp=rank) if settings.steps == 0 else Capturer(None, release="", tp=rank)
+            Capturer.from_environment(tp=rank) if capture else Capturer(None, release="", tp=rank)
             for rank in range(settings.tp_size)
         ]
 
-    def step(self, index: int) -> None:
+    def step(self, index: int, parity_layers: Collection[int] | None = None) -> None:
+        """Verify step ``index`` on every rank. ``parity_layers``: the layers checked against the dense
+        attention on this step (default: all of them every ``every_n_steps`` steps)."""
+        if parity_layers is None:
+            parity_layers = self.settings.layers if index % self.settings.every_n_steps == 0 else ()
         for identity in self.identities:
-            self._rank_step(index, identity)
+            self._rank_step(index, identity, parity_layers)
         self.outcome.steps_done += 1
 
-    def _rank_step(self, index: int, identity: ParityIdentity) -> None:
+    def _rank_step(self, index: int, identity: ParityIdentity, parity_layers: Collection[int]) -> None:
         """One rank's share of a verify step: its own heads (its own random batch), its own lines."""
         s = self.settings
         batch = make_verify_batch(
@@ -205,7 +227,6 @@ class ReplayService:
         meta = marshal_verify(
             batch.kv_indptr, batch.kv_indices, batch.out_cache_loc, batch.custom_mask, batch.mask_indptr, s.q_len
         )
-        check = index % s.every_n_steps == 0
         capturer = self.capturers[identity.tp]
         capturing = capturer.armed() and capturer.begin_step(
             step=index, kv_indptr=batch.kv_indptr, kv_indices=batch.kv_indices, out_cache_loc=batch.out_cache_loc,
@@ -222,9 +243,15 @@ class ReplayService:
                 signature,
                 lambda q=q, kv=kv_buffer: shapes_line(q, kv, meta, s.bs, int(batch.mask_indptr[-1]), batch.sm_scale),
             )
-            if check:
-                max_abs, mean, rel = parity_stats(out, dense_verify_attention(batch, layer))
-                emit(format_parity(layer, max_abs, mean, rel, identity))
+            if layer in parity_layers:
+                stats = parity_stats(out, dense_verify_attention(batch, layer))
+                if self.parity_filter is not None:
+                    filtered = self.parity_filter(identity.tp, stats)
+                    if filtered is None:
+                        continue
+                    stats = filtered
+                max_abs, mean, rel = stats
+                self.sink(format_parity(layer, max_abs, mean, rel, identity))
                 self._record(rel)
 
     def _record(self, rel: float) -> None:

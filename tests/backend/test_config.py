@@ -10,6 +10,8 @@ from kdtree_backend.config import (
     DEFAULT_CONFIG_PATH,
     ConfigError,
     ParityConfig,
+    StandinConfig,
+    StandinFault,
     load_config,
     parse_config,
 )
@@ -67,7 +69,38 @@ def test_bad_values_name_the_field(data: dict, field: str) -> None:
 
 
 def test_parity_sampling() -> None:
-    parity = ParityConfig(enabled=True, every_n_steps=50, layers=(0, 30))
+    parity = ParityConfig(enabled=True, every_n_steps=50, layers=(0, 30), burst_steps=0)
     assert parity.wants(0, 0) and parity.wants(100, 30)
     assert not parity.wants(1, 0) and not parity.wants(50, 1)
     assert not ParityConfig(enabled=False).wants(0, 0)
+
+
+def test_parity_burst_samples_every_step_after_start() -> None:
+    parity = ParityConfig(enabled=True, every_n_steps=50, layers=(0,), burst_steps=8)
+    assert [step for step in range(120) if parity.sampled(step)] == [0, 1, 2, 3, 4, 5, 6, 7, 50, 100]
+    assert not ParityConfig(enabled=False, burst_steps=8).sampled(0)
+    assert parse_config({}).parity.burst_steps == 8  # 8 steps x 3 layers: consecutive_passes many times over
+    assert parse_config({"parity": {"burst_steps": 0}}).parity.burst_steps == 0
+    assert parse_config({}, {"KDTREE_PARITY_BURST": "2"}).parity.burst_steps == 2
+    with pytest.raises(ConfigError, match=r"parity\.burst_steps"):
+        parse_config({"parity": {"burst_steps": -1}})
+
+
+def test_standin_section() -> None:
+    config = parse_config({"standin": {"load_delay_s": 5, "fault": "rel-offset:0.25"}})
+    assert config.standin == StandinConfig(5.0, StandinFault("rel-offset", 0.25))
+    assert parse_config({}).standin == StandinConfig(3.0, None)
+    assert parse_config({"standin": {"fault": "silent-rank:1"}}).standin.fault == StandinFault("silent-rank", 1)
+    for fault in ("nan", "crash-at-load", "http-500"):
+        assert parse_config({"standin": {"fault": fault}}).standin.fault == StandinFault(fault)
+    for bad, message in [
+        ({"fault": "meltdown"}, "must be one of"),
+        ({"fault": "rel-offset"}, "needs a number"),
+        ({"fault": "silent-rank:x"}, "needs a rank"),
+        ({"fault": "nan:1"}, "takes no argument"),
+        ({"fault": 3}, "string or null"),
+        ({"load_delay_s": -1}, "load_delay_s"),
+        ({"delay": 1}, "unknown key"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_config({"standin": bad})

@@ -63,7 +63,9 @@ def step(engine: VerifyEngine, batch, *, graph: bool, capture: bool = False) -> 
 
 def test_eager_parity_on_sampled_steps_only() -> None:
     lines: list[str] = []
-    engine = VerifyEngine(q_len=9, heads=4, parity=ParityConfig(True, 2, (0, 5)), use_kernel=False, sink=lines.append)
+    engine = VerifyEngine(
+        q_len=9, heads=4, parity=ParityConfig(True, 2, (0, 5), 0), use_kernel=False, sink=lines.append
+    )
     for index in range(4):
         batch = make_verify_batch(bs=2, prefix=30, q_len=9, heads=4, layers=(0, 3, 5), seed=index)
         outs = step(engine, batch, graph=False)
@@ -82,9 +84,19 @@ def test_eager_parity_on_sampled_steps_only() -> None:
     assert len(shapes) == 1 and shapes[0] and int(shapes[0].group(1)) == 39
 
 
+def test_eager_parity_on_every_step_of_the_burst_then_every_n() -> None:
+    lines: list[str] = []
+    parity = ParityConfig(True, 3, (0,), burst_steps=2)
+    engine = VerifyEngine(q_len=9, heads=4, parity=parity, use_kernel=False, sink=lines.append)
+    for index in range(7):
+        step(engine, make_verify_batch(bs=1, prefix=20, q_len=9, heads=4, layers=(0,), seed=index), graph=False)
+    steps = [int(m.group(4)) for m in map(PARITY.match, lines) if m]
+    assert steps == [0, 1, 3, 6]
+
+
 def test_graph_protocol_arms_parity_on_sampled_steps_and_reports_later() -> None:
     lines: list[str] = []
-    engine = VerifyEngine(q_len=9, heads=4, parity=ParityConfig(True, 3, (0,)), use_kernel=False, sink=lines.append)
+    engine = VerifyEngine(q_len=9, heads=4, parity=ParityConfig(True, 3, (0,), 0), use_kernel=False, sink=lines.append)
     engine.allocate_graph_buffers(max_bs=4, max_context_len=64, device=torch.device("cpu"), dtype=torch.bfloat16)
     assert engine.graph is not None
     capture_batch = make_verify_batch(bs=2, prefix=30, q_len=9, heads=4, layers=(0, 1), seed=99)

@@ -167,7 +167,7 @@ def test_cuda_graph_capture_and_replay_with_parity_lines() -> None:
     bs, prefix, q_len, heads, layers = 4, 700, 9, 8, (0, 30)
     lines: list[str] = []
     engine = VerifyEngine(
-        q_len=q_len, heads=heads, parity=ParityConfig(True, 2, (30,)), use_kernel=True, sink=lines.append
+        q_len=q_len, heads=heads, parity=ParityConfig(True, 2, (30,), 0), use_kernel=True, sink=lines.append
     )
     max_context = prefix + q_len
     engine.allocate_graph_buffers(
