@@ -212,9 +212,11 @@ class GateSettings(_Strict):
 
 
 class ServiceSettings(_Strict):
-    """What the unit runs: SGLang with the kdtree backend on GPU hosts, the CPU replay service on testbeds."""
+    """What the unit runs: SGLang with the kdtree backend on GPU hosts; on testbeds the CPU stand-in for SGLang
+    (``standin``: kdtree_backend.serve, which serves requests and verifies on each decode step) or the timer
+    replay service (``replay``)."""
 
-    mode: Literal["sglang", "replay"] = "sglang"
+    mode: Literal["sglang", "standin", "replay"] = "sglang"
     python: RemotePath = "/usr/bin/python3"
     model_path: LocalPath = "/models/Kimi-K2.6"
     port: int = Field(30000, ge=1, le=65535)
@@ -225,6 +227,7 @@ class ServiceSettings(_Strict):
     extra_args: list[ShellArg] = Field(default_factory=list)
     environment_file: RemotePath | None = None
     replay_args: list[ShellArg] = Field(default_factory=list)
+    standin_args: list[ShellArg] = Field(default_factory=list)  # e.g. ["--load-delay", "3"]
     start_timeout_s: int = Field(1800, ge=10)
 
 

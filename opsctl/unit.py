@@ -1,7 +1,8 @@
 """Render the systemd unit from systemd/sglang-k26-ddtree.service and inventory (pure), and install it (I/O).
 
 ExecStart runs from ``<root>/current``: SGLang with the kdtree backend and the DDTree settings on GPU hosts,
-the CPU replay service on testbed hosts (``service.mode`` decides).
+on testbed hosts the CPU stand-in for SGLang (``standin``) or the timer replay service (``replay``):
+``service.mode`` decides.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ _GPU_DEVICE_CLASSES = (
     "char-nvidia-nvswitch",
 )
 REPLAY_INTERVAL_S = 2.0
+_MODE_TEXT = {"sglang": "SGLang", "standin": "CPU stand-in for SGLang (testbed)", "replay": "CPU replay (testbed)"}
 
 
 def systemd_word(arg: str) -> str:
@@ -46,6 +48,11 @@ def systemd_word(arg: str) -> str:
 
 def exec_argv(host: HostConfig) -> list[str]:
     svc = host.service
+    if svc.mode == "standin":
+        # The SGLang-shaped stand-in (kdtree_backend.serve) on the service port: the deploy's readiness poll and
+        # probe requests reach it as they reach SGLang.
+        argv = [svc.python, "-m", "kdtree_backend.serve", "--port", str(svc.port), "--tp-size", str(svc.tp)]
+        return [*argv, *svc.standin_args]
     if svc.mode == "replay":
         args = list(svc.replay_args)
         if not any(a == "--steps" or a.startswith("--steps=") for a in args):
@@ -93,7 +100,7 @@ def render(template: str, host: HostConfig) -> str:
         gpu = gpu.rstrip("\n")
     values = {
         "HEADER": f"{host.unit}.service for host {host.name}",
-        "MODE": "SGLang" if svc.mode == "sglang" else "CPU replay (testbed)",
+        "MODE": _MODE_TEXT[svc.mode],
         "ROOT": host.root,
         "USER": host.user,
         "UNIT": host.unit,
@@ -103,7 +110,7 @@ def render(template: str, host: HostConfig) -> str:
         "EXEC_START": " ".join(systemd_word(a) for a in exec_argv(host)),
         "RESTART_SEC": "10" if svc.mode == "sglang" else "1",
         "START_TIMEOUT": str(svc.start_timeout_s),
-        "GPU_ACCESS": gpu or "# no GPU on this host (replay mode)",
+        "GPU_ACCESS": gpu or f"# no GPU on this host ({svc.mode} mode)",
     }
 
     def sub(m: re.Match[str]) -> str:

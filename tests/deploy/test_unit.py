@@ -22,6 +22,11 @@ def replay_host() -> HostConfig:
     return HostConfig(name="tb1", address="127.0.0.1", gpu_arch=None, root="/srv/kdtree-engine", service=svc)
 
 
+def standin_host(*args: str) -> HostConfig:
+    svc = ServiceSettings(mode="standin", python=LOCAL_PYTHON, port=30007, tp=2, standin_args=list(args))
+    return HostConfig(name="tb2", address="127.0.0.1", gpu_arch=None, root="/srv/kdtree-engine", service=svc)
+
+
 def test_gpu_unit_contents() -> None:
     text = render(TEMPLATE, gpu_host(speculative_num_draft_tokens=9, tp=8, start_timeout_s=1500))
     assert "@@" not in text
@@ -51,6 +56,36 @@ def test_replay_unit() -> None:
     assert "DeviceAllow" not in text and "EnvironmentFile=-/etc" not in text
 
 
+def test_standin_unit() -> None:
+    text = render(TEMPLATE, standin_host("--load-delay", "3"))
+    assert "\nExecStart=/usr/bin/python3 -m kdtree_backend.serve --port 30007 --tp-size 2 --load-delay 3\n" in text
+    assert "(CPU stand-in for SGLang (testbed), release from /srv/kdtree-engine/current)" in text
+    assert "EnvironmentFile=-/srv/kdtree-engine/state/parity.env" in text
+    assert "DeviceAllow" not in text and "# no GPU on this host (standin mode)" in text
+    assert "RestartSec=1\n" in text
+    assert exec_argv(standin_host()) == [
+        LOCAL_PYTHON,
+        "-m",
+        "kdtree_backend.serve",
+        "--port",
+        "30007",
+        "--tp-size",
+        "2",
+    ]
+
+
+def test_standin_mode_from_inventory_yaml() -> None:
+    text = """
+hosts:
+  tb1:
+    address: 127.0.0.1
+    gpu_arch: null
+    service: {mode: standin, port: 30001, tp: 2, standin_args: ["--load-delay", "3"]}
+"""
+    host = parse(text, Path("inventory.yaml")).host("tb1")
+    assert exec_argv(host)[2:] == ["kdtree_backend.serve", "--port", "30001", "--tp-size", "2", "--load-delay", "3"]
+
+
 def test_render_is_deterministic_and_host_specific() -> None:
     a, b = render(TEMPLATE, replay_host()), render(TEMPLATE, replay_host())
     assert a == b
@@ -76,7 +111,9 @@ def test_repo_inventory_renders() -> None:
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-@pytest.mark.parametrize("host", [gpu_host(), replay_host()], ids=["gpu", "replay"])
+@pytest.mark.parametrize(
+    "host", [gpu_host(), replay_host(), standin_host("--load-delay", "3")], ids=["gpu", "replay", "standin"]
+)
 def test_systemd_analyze_verify(tmp_path: Path, host: HostConfig) -> None:
     unit = tmp_path / "sglang-k26-ddtree.service"
     unit.write_text(render(TEMPLATE, host))
