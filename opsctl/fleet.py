@@ -11,7 +11,10 @@ Rules (the shape of Ansible's ``serial``/``max_fail_percentage`` and Argo Rollou
   hosts of a batch run at the same time (a thread each), otherwise one after another;
 - max-fail P% allows floor(P% x all hosts) failures; one more stops the roll-out after the batch in flight
   (hosts already running are never interrupted: each finishes its own pipeline, rollback included);
-- hosts never started are reported ``skipped``.
+- hosts never started are reported ``skipped``;
+- a host whose gate was UNPROVEN (no verify traffic: the probe disabled on an idle host) rolled itself back but
+  its release was not found bad: it does not count against max-fail, yet the roll-out is not a success, and an
+  UNPROVEN canary stops it (nothing has proven the release).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Outcome(StrEnum):
     OK = "ok"  # the action succeeded (deploy gated PASS, rollback done)
     FAILED = "failed"  # the action failed; the host handled its own recovery (e.g. rolled back)
     ERROR = "error"  # the host was unreachable or dropped out, or the action crashed: its state is unknown
+    UNPROVEN = "unproven"  # rolled back for lack of verify traffic; not a failure of the release (max-fail)
     SKIPPED = "skipped"  # never started because the roll-out stopped
 
 
@@ -156,7 +160,7 @@ class RolloutReport:
 
     @property
     def ok(self) -> bool:
-        return self.stopped is None and not any(o.failed for o in self.outcomes)
+        return self.stopped is None and not any(o.failed or o.outcome is Outcome.UNPROVEN for o in self.outcomes)
 
     @property
     def failures(self) -> list[HostOutcome]:
@@ -229,8 +233,11 @@ def run_rollout(
                 record(_safe(action, h))
                 if stage != "canary" and failures() > plan.max_failures:
                     break  # serial: stop at once, the rest of this batch stays untouched
+        canary = done.get(hosts[0].name) if stage == "canary" else None
         if stage == "canary" and failures():
             report.stopped = f"canary {hosts[0].name} failed: {done[hosts[0].name].detail or 'see above'}"
+        elif canary is not None and canary.outcome is Outcome.UNPROVEN:
+            report.stopped = f"canary {canary.host} UNPROVEN: {canary.detail or 'no verify traffic'}"
         elif failures() > plan.max_failures:
             report.stopped = f"{failures()} host(s) failed, more than max-fail allows ({plan.max_failures})"
 
@@ -278,9 +285,10 @@ def outcome_from_result(result: DeployResult) -> HostOutcome:
     verdict = str(result.verdict)
     if result.rolled_back_to:
         verdict += f", rolled back to {result.rolled_back_to}: {result.rollback_verdict or '?'}"
+    unproven = str(result.verdict) == "UNPROVEN"
     return HostOutcome(
         host=result.host,
-        outcome=Outcome.OK if result.ok else Outcome.FAILED,
+        outcome=Outcome.OK if result.ok else Outcome.UNPROVEN if unproven else Outcome.FAILED,
         release=result.current_after or result.release,
         verdict=verdict,
         elapsed_s=result.elapsed_s,

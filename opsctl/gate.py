@@ -10,7 +10,15 @@ Feed it parity lines, unit observations, SSH outcomes and the time; it answers P
 * NODATA        no parity line at all before the deadline, or a TP rank that stayed silent (a FAIL for the
                 deployer);
 * INCONCLUSIVE  parity lines but no K-pass streak before the deadline (a FAIL for the deployer);
-* ERROR         SSH failed ssh_retries+1 times in a row: the gate could not look, which is never a pass.
+* ERROR         SSH failed ssh_retries+1 times in a row: the gate could not look, which is never a pass; or the
+                probe's requests were refused (HTTP 4xx: a wrong endpoint or API key): it could not ask;
+* UNPROVEN      nothing drove verify traffic (``traffic`` NONE: the probe disabled on an HTTP server) and no line
+                came before the deadline: rolled back but not a verdict on the release (not marked bad).
+
+With the probe (``traffic`` PROBE, docs/gate.md "The probe") the gate also hears the server's readiness and the
+probe's waves: a probe request that fails (HTTP 5xx, a timeout, a malformed answer) is a FAIL; probes answered
+but a rank without a parity line ``parity_grace_s`` after the first answer is a FAIL naming the rank(s); a
+server never ready by the deadline is a FAIL.
 
 Lines that are not evidence are IGNORED, never counted either way: when the gate knows the invocation's token,
 a parity line with a missing or different ``token=`` (a forgery, or a line of another run). Each is reported once,
@@ -25,6 +33,7 @@ from enum import StrEnum
 
 from .inventory import GateSettings
 from .parity import ParityLine, misplaced_marker, parse_line
+from .traffic import ProbeTally, Wave
 
 
 class LineVerdict(StrEnum):
@@ -41,10 +50,22 @@ class Verdict(StrEnum):
     INCONCLUSIVE = "INCONCLUSIVE"
     NODATA = "NODATA"
     ERROR = "ERROR"
+    UNPROVEN = "UNPROVEN"
 
     @property
     def ok(self) -> bool:
         return self is Verdict.PASS
+
+
+class Traffic(StrEnum):
+    """What makes the unit print parity lines while the gate watches."""
+
+    SELF = "self"  # the replay service prints on a timer: no line by the deadline means it is broken (NODATA)
+    PROBE = "probe"  # the gate's own probe requests (gate.probe): readiness and the waves are evidence too
+    NONE = "none"  # only whatever traffic the host gets: no line at all by the deadline is UNPROVEN
+
+
+NO_TRAFFIC_REASON = "no verify traffic; enable gate.probe or deploy under load"
 
 
 def classify(line: ParityLine, settings: GateSettings) -> LineVerdict:
@@ -87,6 +108,12 @@ class GateState:
     restarts_seen: int = 0
     ssh_failures_in_a_row: int = 0
     last_ssh_error: str = ""
+    traffic: Traffic = Traffic.SELF
+    parity_grace_s: float = 30.0  # PROBE: how long after the first answered probe every rank must have printed
+    ready_at: float | None = None  # PROBE: when the server first answered its readiness path with 200
+    not_ready: str = ""  # PROBE: the last readiness answer that was not 200 (for the deadline's reason)
+    first_answer_at: float | None = None  # PROBE: when the first probe request was answered
+    probe: ProbeTally = field(default_factory=ProbeTally)
 
     @classmethod
     def every_line(
@@ -118,11 +145,11 @@ class GateState:
         """Why this line is not evidence at all (None when it is): a missing or foreign token."""
         if self.token is None:
             return None
+        if line.carries(self.token):
+            return None
         if line.token is None:
             return "no token= (not printed by the watched invocation)"
-        if line.token != self.token:
-            return "wrong token= (not printed by the watched invocation)"
-        return None
+        return "wrong token= (not printed by the watched invocation)"
 
     def problems(self, line: ParityLine) -> tuple[str, ...]:
         """What makes a line malformed here: its own problems, plus a rank outside the unit's TP size."""
@@ -199,17 +226,84 @@ class GateState:
                 Verdict.FAIL, f"unit stopped (state {obs.active_state}/{obs.sub_state}, result={obs.result})", now
             )
 
+    def server_ready(self, now: float) -> None:
+        """The server answered its readiness path with 200 (the probe's waves start now)."""
+        if self.ready_at is None:
+            self.ready_at = now
+
+    def server_not_ready(self, detail: str) -> None:
+        self.not_ready = detail
+
+    def probe_wave(self, wave: Wave, now: float) -> None:
+        """One wave of probe requests. A request the server could not serve fails the release; one it refused
+        (HTTP 4xx) means the probe cannot ask this server, an ERROR, not a verdict on the release."""
+        self.probe.add(wave)
+        if wave.answered and self.first_answer_at is None:
+            self.first_answer_at = now
+        failed = wave.failed
+        if self.decided or not failed:
+            return
+        reasons = "; ".join(dict.fromkeys(r.error or r.kind for r in failed))
+        n = len(wave.requests)
+        if all(r.refused for r in failed):
+            self._decide(
+                Verdict.ERROR,
+                f"probe requests refused: {len(failed)} of {n} ({reasons}); check gate.probe (endpoint, prompts) "
+                f"and the API key in service.environment_file",
+                now,
+            )
+            return
+        self._decide(Verdict.FAIL, f"probe requests failed: {len(failed)} of {n} ({reasons})", now)
+
     def ssh_failed(self, message: str, now: float) -> None:
         self.ssh_failures_in_a_row += 1
         self.last_ssh_error = message
         if self.ssh_failures_in_a_row > self.settings.ssh_retries:
             self._decide(Verdict.ERROR, f"cannot read the host: {message} ({self.ssh_failures_in_a_row} attempts)", now)
 
+    def _silent_for_probe(self) -> list[int] | None:
+        """PROBE: the ranks still silent once the grace after the first answered probe is over (None: not yet, or
+        no rank is silent)."""
+        silent = self.silent_ranks() if self.expected_ranks is not None else ([] if self.lines else [0])
+        return silent or None
+
     def tick(self, now: float) -> None:
-        """Apply the deadline."""
-        if self.decided or now - self.started_at < self.deadline_s:
+        """Apply the deadline (and, with the probe, the grace for parity lines after the first answer)."""
+        if self.decided:
+            return
+        if (
+            self.traffic is Traffic.PROBE
+            and self.first_answer_at is not None
+            and now - self.first_answer_at >= self.parity_grace_s
+            and (silent := self._silent_for_probe())
+        ):
+            ranks = (
+                f"TP rank(s) {', '.join(map(str, silent))} of {self.expected_ranks}"
+                if self.expected_ranks is not None
+                else "the unit"
+            )
+            ignored = self.counts[LineVerdict.IGNORED]
+            self._decide(
+                Verdict.FAIL,
+                f"probes answered ({self.probe.answered} of {self.probe.sent} requests) but {ranks} printed no "
+                f"parity line within {self.parity_grace_s:g}s of the first answer"
+                + (f" ({ignored} lines ignored: wrong or missing token)" if ignored else ""),
+                now,
+            )
+            return
+        if now - self.started_at < self.deadline_s:
             return
         silent = self.silent_ranks()
+        if self.traffic is Traffic.PROBE and self.ready_at is None and self.lines == 0:
+            self._decide(
+                Verdict.FAIL,
+                f"the server was not ready within {self.deadline_s:g}s ({self.not_ready or 'no readiness answer'})",
+                now,
+            )
+            return
+        if self.traffic is Traffic.NONE and self.lines == 0 and self.counts[LineVerdict.IGNORED] == 0:
+            self._decide(Verdict.UNPROVEN, f"{NO_TRAFFIC_REASON} (no parity line within {self.deadline_s:g}s)", now)
+            return
         if self.lines == 0:
             ignored = self.counts[LineVerdict.IGNORED]
             self._decide(
@@ -234,10 +328,22 @@ class GateState:
                 now,
             )
 
+    def probe_summary(self) -> dict[str, object] | None:
+        """PROBE: what the probe saw, and the times from the restart to readiness and from readiness to the
+        verdict (seconds)."""
+        if self.traffic is not Traffic.PROBE:
+            return None
+        ready = None if self.ready_at is None else round(self.ready_at - self.started_at, 3)
+        to_verdict = (
+            None if self.ready_at is None or self.decided_at is None else round(self.decided_at - self.ready_at, 3)
+        )
+        return {**self.probe.summary(), "ready_after_s": ready, "verdict_after_ready_s": to_verdict}
+
     def summary(self) -> dict[str, object]:
         """JSON-ready figures for history and status."""
         worst = self.worst
-        return {
+        probe = self.probe_summary()
+        doc: dict[str, object] = {
             "verdict": str(self.verdict),
             "reason": self.reason,
             "lines": self.lines,
@@ -256,6 +362,9 @@ class GateState:
                 "max_abs_diff": _json_float(worst.max_abs_diff),
             },
         }
+        if probe is not None:
+            doc["probe"] = probe
+        return doc
 
 
 @dataclass(frozen=True)
@@ -291,6 +400,11 @@ def judge(state: GateState, message: str, now: float) -> Judgement | None:
         if rec is None and misplaced_marker(message):
             return Judgement(LineVerdict.IGNORED, "[kdtree] inside another message, not a parity line", message)
         return None
+    return judge_record(state, rec, now)
+
+
+def judge_record(state: GateState, rec: ParityLine, now: float) -> Judgement:
+    """One parsed parity line (or malformed marked line) into the gate."""
     decided = state.decided
     verdict = state.feed(rec, now)
     return Judgement(verdict, line_reason(state, rec, verdict), rec.raw, rec, after_decision=decided)

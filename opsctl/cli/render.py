@@ -115,7 +115,13 @@ def _number(value: float) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # Roll-outs
 
-_OUTCOME_STYLE = {Outcome.OK: "green", Outcome.FAILED: "bold red", Outcome.ERROR: "bold red", Outcome.SKIPPED: "dim"}
+_OUTCOME_STYLE = {
+    Outcome.OK: "green",
+    Outcome.FAILED: "bold red",
+    Outcome.ERROR: "bold red",
+    Outcome.SKIPPED: "dim",
+    Outcome.UNPROVEN: "yellow",
+}
 
 
 def render_report(report: RolloutReport, title: str = "roll-out") -> Table:

@@ -11,6 +11,7 @@ from ..errors import DeployFailed
 from ..hoststate import HostSnapshot, Layout
 from ..inventory import HostConfig
 from ..release import Manifest
+from ..traffic import plan_lines
 
 PRE_RESTART_PARITY_STEPS = 3
 
@@ -34,10 +35,16 @@ class Plan:
     refusal: str | None = None
     up_to_date: bool = False
     link_dest: str | None = None
+    probe: tuple[str, ...] = ()  # the gate's probe plan in words (empty: no restart, so no gate)
 
     def describe(self) -> list[str]:
         head = f"deploy {self.release} to {self.host} (current: {self.previous or 'none'})"
-        return [head, *(f"  {i}. {s}" for i, s in enumerate(self.steps, 1)), *(f"  note: {n}" for n in self.notes)]
+        return [
+            head,
+            *(f"  {i}. {s}" for i, s in enumerate(self.steps, 1)),
+            *(f"  {p}" for p in self.probe),
+            *(f"  note: {n}" for n in self.notes),
+        ]
 
 
 def refusal(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: DeployOptions) -> str | None:
@@ -119,6 +126,7 @@ def make_plan(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: De
         refusal=refused,
         up_to_date=refused is None and manifest.id == snap.current and not opts.force,
         link_dest=link_dest,
+        probe=() if opts.no_restart else tuple(plan_lines(host)),
     )
 
 

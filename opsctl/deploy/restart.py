@@ -40,12 +40,14 @@ def _record_restart() -> Step:
 
 
 def _rollback_if_failed() -> Step:
-    """--rollback-on-fail: the restarted release is marked bad and the newest good one comes back."""
+    """--rollback-on-fail: the restarted release is marked bad (unless the gate was UNPROVEN: no verify traffic
+    is no verdict on it) and the newest good one comes back."""
 
     def run_(run: Run) -> None:
         failed = run.result.release or ""
         reason = f"gate {run.result.verdict} after restart: {run.result.reason}"
-        run.call(lambda r: hs.mark_bad(r, run.layout, failed, reason))
+        if run.result.verdict.marks_bad:
+            run.call(lambda r: hs.mark_bad(r, run.layout, failed, reason))
         history = run.call(lambda r: hs.read_history(r, run.layout))
         after = run.call(lambda r: hs.read_snapshot(r, run.host.root, run.host.unit))
         try:

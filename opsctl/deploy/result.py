@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DeployFailed, GateFailed
+from ..errors import EXIT_UNPROVEN, DeployFailed, GateFailed
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -19,6 +19,8 @@ class DeployVerdict(StrEnum):
     Success (exit 0): PASS (gated), UP-TO-DATE (nothing to do), STAGED (--no-restart), PLANNED (--dry-run),
     ADOPTED (recorded as release zero), DONE (an ungated rollback).
     The release failed its parity (exit 31): FAIL, NODATA (no verdict by the deadline), INCONCLUSIVE.
+    Not proven either way (exit 32): UNPROVEN (no verify traffic by the deadline, the probe disabled): rolled
+    back, but the release is not marked bad and may be deployed again.
     Anything else (exit 30): ERROR (could not do or could not look), REFUSED (--dry-run of a refused deploy),
     INTERRUPTED (a signal; the host was restored first)."""
 
@@ -34,16 +36,25 @@ class DeployVerdict(StrEnum):
     ERROR = "ERROR"
     REFUSED = "REFUSED"
     INTERRUPTED = "INTERRUPTED"
+    UNPROVEN = "UNPROVEN"
 
     @property
     def ok(self) -> bool:
         return self in _SUCCESS
 
     @property
+    def marks_bad(self) -> bool:
+        """Whether a rejection with this verdict marks the release bad: a verdict on the release, not the lack
+        of one (UNPROVEN) or an interruption."""
+        return self not in _SUCCESS and self not in (DeployVerdict.UNPROVEN, DeployVerdict.INTERRUPTED)
+
+    @property
     def exit_code(self) -> int:
         """The CLI's exit code for this verdict (the codes are errors.py's)."""
         if self.ok:
             return 0
+        if self is DeployVerdict.UNPROVEN:
+            return EXIT_UNPROVEN
         return GateFailed.exit_code if self in _PARITY_REJECTED else DeployFailed.exit_code
 
 
@@ -81,10 +92,13 @@ class DeployResult:
         return self.verdict.ok
 
     def line(self) -> str:
-        """The one-line verdict."""
+        """The one-line verdict (with what the probe saw, when the gate probed)."""
         s = f"{self.host}: {self.action} {self.release or '-'} -> {self.verdict}"
         if self.reason:
             s += f" ({self.reason})"
+        probe = (self.gate or {}).get("probe")
+        if isinstance(probe, dict):
+            s += f"; probe: {probe_line(probe)}"
         if self.rolled_back_to:
             s += f"; rolled back to {self.rolled_back_to}: {self.rollback_verdict}"
         return s + f" [{self.elapsed_s:.1f}s]"
@@ -116,3 +130,19 @@ class HistoryRecord:
         if "rolled_back_from" in doc:
             doc["from"] = doc.pop("rolled_back_from")
         return doc
+
+
+def probe_line(probe: dict[str, Any]) -> str:
+    """``8/8 answered, TTFT median 14 ms, ready 3.1s after the restart, verdict 0.8s later`` from a gate
+    summary's ``probe``."""
+    text = f"{probe.get('answered', 0)}/{probe.get('sent', 0)} answered"
+    if probe.get("failed"):
+        text += f", {probe['failed']} failed"
+    ttft = probe.get("ttft_ms")
+    if isinstance(ttft, dict):
+        text += f", TTFT median {ttft.get('median', 0):g} ms"
+    ready, verdict = probe.get("ready_after_s"), probe.get("verdict_after_ready_s")
+    if not isinstance(ready, int | float):
+        return text + ", never ready"
+    text += f", ready {ready:.1f}s after the restart"
+    return text + (f", verdict {verdict:.1f}s later" if isinstance(verdict, int | float) else "")

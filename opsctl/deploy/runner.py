@@ -9,7 +9,8 @@ How a run ends (every outcome):
 - all steps ran: the verdict the steps set (``run.result.verdict``), e.g. PASS;
 - a step raised ``Concluded``: that verdict (UP-TO-DATE, PLANNED, STAGED, ...); nothing is undone;
 - a step raised ``Rejected`` (the new release failed a check): the release is marked bad, the failure recorded,
-  every started step undone; the verdict is the rejection's (FAIL, NODATA, INCONCLUSIVE, ERROR);
+  every started step undone; the verdict is the rejection's (FAIL, NODATA, INCONCLUSIVE, ERROR); an UNPROVEN
+  rejection (no verify traffic reached the gate) is undone the same way but does not mark the release bad;
 - an ``OpsError`` after a restart that may have started the new release (and before the run was committed):
   the same compensation, verdict ERROR ("... the previous release was restored");
 - any other ``OpsError`` while the lock is held: the failure is recorded, undos run quietly, the error goes on;
@@ -180,7 +181,9 @@ def execute(run: Run, steps: Sequence[Step]) -> DeployResult:
                 break
     except Rejected as rej:
         with signals_held(run.reporter):
-            _compensate(run, started, rej.verdict, rej.record_reason, bad=True, gate=rej.gate, stage=rej.stage)
+            _compensate(
+                run, started, rej.verdict, rej.record_reason, bad=rej.verdict.marks_bad, gate=rej.gate, stage=rej.stage
+            )
         run.conclude(rej.verdict, rej.reason)
     except KeyboardInterrupt as e:
         if not run.locked or run.committed:

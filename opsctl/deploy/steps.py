@@ -121,8 +121,8 @@ def gate_step() -> Step:
 
 
 def gate_or_reject_step() -> Step:
-    """The deploy's gate: a PASS commits the run; anything else rejects the new release (it is marked bad and the
-    previous one comes back)."""
+    """The deploy's gate: a PASS commits the run; anything else rejects the new release: the previous one comes
+    back, and the new one is marked bad unless the verdict is UNPROVEN (no verify traffic: no verdict on it)."""
     inner = gate_step()
 
     def run_(run: Run) -> str:

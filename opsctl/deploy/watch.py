@@ -1,5 +1,7 @@
 """The restart and the gate loop: restart the unit with a fresh parity token, then follow its new invocation's
-journal into the gate until it decides."""
+journal into the gate until it decides. With the probe (gate.probe, docs/gate.md "The probe") the loop also waits
+for the server's readiness and then sends probe waves from the host itself (opsctl/traffic.py), each followed at
+once by a journal poll."""
 
 from __future__ import annotations
 
@@ -9,13 +11,14 @@ from collections.abc import Callable
 
 from .. import hoststate as hs
 from ..errors import DeployFailed, SshError
-from ..gate import GateState, LineVerdict, judge
+from ..gate import GateState, LineVerdict, Traffic, judge
 from ..host import unit as unit_commands
 from ..host.journal import mark_command
 from ..host.remote import Remote
 from ..hoststate import Layout
 from ..inventory import HostConfig
 from ..journal import Follower, Mark, parse_mark
+from ..traffic import ProbeClient, Wave, describe_tally, probing, serves_http
 from .report import Reporter
 from .session import Session
 
@@ -48,6 +51,14 @@ def restart_unit(r: Remote, host: HostConfig) -> Mark:
     )
 
 
+def _probe_times(doc: dict[str, object]) -> str:
+    ready, verdict = doc.get("ready_after_s"), doc.get("verdict_after_ready_s")
+    if not isinstance(ready, float | int):
+        return "; the server never became ready"
+    text = f"; ready {ready:.1f}s after the restart"
+    return text + (f", verdict {verdict:.1f}s after ready" if isinstance(verdict, float | int) else "")
+
+
 def feed_line(state: GateState, message: str, now: float, reporter: Reporter) -> LineVerdict | None:
     """One journal message into the gate, reported: parity lines with their verdict; a line that is not evidence
     (wrong or missing token, or the marker inside another message) once, with the reason, never counted."""
@@ -62,6 +73,54 @@ def feed_line(state: GateState, message: str, now: float, reporter: Reporter) ->
     return j.verdict
 
 
+def gate_traffic(host: HostConfig) -> Traffic:
+    """Where the gate's parity lines come from on this host: the replay service's timer, the probe, or only the
+    host's own traffic (the probe disabled)."""
+    if not serves_http(host):
+        return Traffic.SELF
+    return Traffic.PROBE if probing(host) else Traffic.NONE
+
+
+class ProbeDriver:
+    """The gate's probe: before readiness each step waits (on the host, at most one poll interval) for the ready
+    path's 200; after it each step sends one wave. Its findings go into the gate state by the loop."""
+
+    def __init__(self, session: Session, host: HostConfig, state: GateState, reporter: Reporter) -> None:
+        self.host, self.state, self.reporter = host, state, reporter
+        self.client = ProbeClient(host, lambda: session.r)
+        self.reported_not_ready = ""
+
+    def step(self, clock: Callable[[], float]) -> Wave | None:
+        """One readiness wait or one wave; the wave is returned for the loop to feed after the unit's state."""
+        state, probe = self.state, self.host.gate.probe
+        if state.ready_at is None:
+            readiness = self.client.ready(wait_s=self.host.gate.poll_interval_s)
+            if readiness.ready:
+                state.server_ready(clock())
+                self.reporter.info(
+                    f"probe: the server is ready ({readiness.describe(probe.ready_path)}) "
+                    f"{clock() - state.started_at:.1f}s after the restart; sending probe waves"
+                )
+            else:
+                state.server_not_ready(readiness.describe(probe.ready_path))
+                return None
+        wave = self.client.wave()
+        if state.probe.waves == 0 and wave.auth_error:
+            self.reporter.info(f"probe: no API key sent: {wave.auth_error}")
+        return wave
+
+    def report(self, wave: Wave) -> None:
+        """One progress line per wave: sent, answered, failed (first reasons), the wave's TTFT range."""
+        text = f"{len(wave.requests)} sent, {wave.answered} answered"
+        if wave.failed:
+            reasons = list(dict.fromkeys(r.error or r.kind for r in wave.failed))[:3]
+            text += f", {len(wave.failed)} failed ({'; '.join(reasons)})"
+        ttft = [r.ttft_s * 1000 for r in wave.requests if r.ok and r.ttft_s is not None]
+        if ttft:
+            text += f", TTFT {min(ttft):.0f}-{max(ttft):.0f} ms"
+        self.reporter.info(f"probe wave {self.state.probe.waves}: {text} ({wave.elapsed_s:.1f}s)")
+
+
 def run_gate(
     session: Session,
     host: HostConfig,
@@ -72,7 +131,8 @@ def run_gate(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> GateState:
-    """Poll the unit and its new invocation's journal until the gate decides."""
+    """Poll the unit and its new invocation's journal until the gate decides; with the probe, wait for the
+    server's readiness and send probe waves in between (docs/gate.md)."""
     settings = host.gate
     state = GateState(
         settings=settings,
@@ -81,33 +141,54 @@ def run_gate(
         baseline_restarts=mark.n_restarts,
         expected_ranks=host.service.tp,
         token=mark.token,
+        traffic=gate_traffic(host),
+        parity_grace_s=settings.probe.parity_grace_s,
     )
     follower = Follower(unit=host.unit, mark=mark)
+    driver = ProbeDriver(session, host, state, reporter) if state.traffic is Traffic.PROBE else None
     if mark.token is None:
         reporter.info(
             f"the unit does not read {Layout(host.root).parity_env} (a unit opsctl did not render): its parity lines "
             "are judged without a token"
         )
+    if state.traffic is Traffic.NONE:
+        reporter.info(
+            "gate.probe is disabled: the gate waits for the host's own traffic; with no parity line by the deadline "
+            "the verdict is UNPROVEN"
+        )
     while True:
         now = clock()
+        probed = False
         try:
+            wave = driver.step(clock) if driver is not None else None
+            probed = driver is not None
             res = session.r.run(follower.poll_command(), timeout=max(30.0, settings.poll_interval_s * 4), check=False)
             if res.rc != 0 and "--- opsctl journal ---" not in res.stdout:
                 raise DeployFailed(f"journal poll exited {res.rc}: {res.stderr.strip()[-300:]}")
             obs, entries = follower.ingest(res.stdout)
+            # The unit's state first: a probe request refused because the unit died is the unit's failure.
+            state.observe_unit(obs, clock())
+            if wave is not None and driver is not None:
+                state.probe_wave(wave, clock())
+                driver.report(wave)
             for entry in entries:
                 feed_line(state, entry.message, clock(), reporter)
-            state.observe_unit(obs, clock())
         except SshError as e:
             session.drop()
             state.ssh_failed(e.message, now)
             reporter.info(f"SSH trouble during the gate ({e.message}); retrying from the journal cursor")
+            probed = False
         state.tick(clock())
         if state.decided:
             break
+        if probed:
+            continue  # the readiness wait or the wave took its own time: poll again at once
         # After SSH errors back off (1, 2, 4 .. x the poll interval, at most 15 s) so a short outage is ridden out.
         backoff = 2 ** (state.ssh_failures_in_a_row - 1) if state.ssh_failures_in_a_row else 1
         sleep(min(settings.poll_interval_s * backoff, max(15.0, settings.poll_interval_s)))
+    probe_doc = state.probe_summary()
+    if probe_doc is not None:
+        reporter.info(f"probe: {describe_tally(probe_doc)}{_probe_times(probe_doc)}")
     with contextlib.suppress(Exception):
         cursor_doc = (
             f'{{"unit": "{host.unit}", "cursor": "{follower.cursor or ""}", "invocations": {follower.invocations!r}}}\n'

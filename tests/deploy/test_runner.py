@@ -230,3 +230,17 @@ def test_skipped_and_unshown_steps(host: HostConfig) -> None:
         execute(run, s)
     assert done == ["record"]
     assert not [x for x in log.lines if "restart" in x or "record" in x]
+
+
+def test_an_unproven_release_is_undone_and_recorded_but_not_marked_bad(host: HostConfig) -> None:
+    layout, log, done = prepared(host), Log(), []
+    reason = "no verify traffic; enable gate.probe or deploy under load"
+    rejection = Rejected(DeployVerdict.UNPROVEN, reason, record_reason=f"gate UNPROVEN: {reason}")
+    with open_run(host, log) as run:
+        result = execute(run, steps(done, fail_at="gate", error=rejection))
+    assert result.verdict is DeployVerdict.UNPROVEN and result.verdict.exit_code == 32
+    assert done == ["restart", "gate", "undo gate", "undo restart", "undo switch"]
+    snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
+    assert snap.current == OLD and snap.bad == set() and not snap.lock_present  # a redeploy is not refused
+    last = hs.read_history(LocalRemote(), layout)[-1]
+    assert (last["release"], last["verdict"], last["reason"]) == (NEW, "UNPROVEN", f"gate UNPROVEN: {reason}")
