@@ -42,6 +42,7 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _UNIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 _ADDRESS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
 _ARCH_RE = re.compile(r"\d{1,2}\.\d")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _HTTP_PATH_RE = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
 # Characters with a meaning to a shell, plus whitespace; a path or argument containing one is refused outright.
 _SHELL_META = set(";&|$`\\\"'<>(){}[]*?!#~\n\r\t ")
@@ -165,6 +166,12 @@ def _shell_arg(value: str) -> str:
     return value
 
 
+def _env_name(value: str) -> str:
+    if not _ENV_NAME_RE.fullmatch(value):
+        raise ValueError(f"{value!r} is not an environment variable name (letters, digits, '_'; not a digit first)")
+    return value
+
+
 def _arch(value: str) -> str:
     if not _ARCH_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a compute capability like '12.0' or '9.0'")
@@ -193,6 +200,45 @@ class _Strict(BaseModel):
         return _no_control_characters(value)
 
 
+class ProbeSettings(_Strict):
+    """The gate's own verify traffic (docs/gate.md "The probe"): after the restart opsctl waits until
+    ``ready_path`` answers 200 on the host's loopback, then sends waves of greedy requests to ``endpoint`` from the
+    host itself until the gate decides. The API key, if the server wants one, is read on the host from
+    ``service.environment_file`` (variable ``api_key_env``): it is never in the inventory, argv or output."""
+
+    enabled: bool = True
+    endpoint: Literal["/generate", "/v1/completions"] = "/generate"
+    ready_path: HttpPath = "/health"
+    prompts: list[str] = Field(
+        default_factory=lambda: ["The capital of France is", "def fibonacci(n):", "Once upon a time"],
+        min_length=1,
+        max_length=64,
+    )
+    input_ids: list[list[int]] | None = Field(None, min_length=1, max_length=64)
+    requests: int = Field(4, ge=1, le=256)
+    concurrency: int = Field(4, ge=1, le=64)
+    max_new_tokens: int = Field(8, ge=1, le=4096)
+    timeout_s: float = Field(60.0, gt=0, le=3600)
+    parity_grace_s: float = Field(30.0, gt=0)
+    api_key_env: Annotated[str, AfterValidator(_env_name)] = "SGLANG_API_KEY"
+    model: SafeName = "default"
+
+    @field_validator("input_ids")
+    @classmethod
+    def _token_ids(cls, value: list[list[int]] | None) -> list[list[int]] | None:
+        for ids in value or ():
+            if not ids or any(i < 0 for i in ids):
+                raise ValueError("each entry must be a non-empty list of token ids (integers >= 0)")
+        return value
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts(cls, value: list[str]) -> list[str]:
+        if any(not p for p in value):
+            raise ValueError("a prompt must not be empty")
+        return value
+
+
 class GateSettings(_Strict):
     """Thresholds of the parity gate (docs/gate.md)."""
 
@@ -203,6 +249,7 @@ class GateSettings(_Strict):
     poll_interval_s: float = Field(2.0, gt=0, le=300)
     max_restarts: int = Field(2, ge=0)
     ssh_retries: int = Field(5, ge=0, le=100)
+    probe: ProbeSettings = Field(default_factory=ProbeSettings)
 
     @model_validator(mode="after")
     def _ordered(self) -> GateSettings:
@@ -243,6 +290,11 @@ class HealthSettings(_Strict):
     disk_warn_mb: int = Field(10240, ge=0)
     alert_command: AlertCommand | None = None
     alert_webhook: Webhook | None = None
+    # `opsctl health --probe`: one greedy request through the service's API, then fresh parity lines from every
+    # rank with the running invocation's token (docs/gate.md "Health checks"). Off unless asked for: it is traffic.
+    probe: bool = False
+    probe_max_new_tokens: int = Field(64, ge=1, le=4096)
+    probe_wait_s: float = Field(15.0, gt=0, le=600)
 
 
 class HostConfig(_Strict):
