@@ -428,20 +428,62 @@ def shown(value: object) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def _refuse_anchors(text: str, path: Path) -> None:
-    """YAML anchors and aliases are refused before anything is built: nine aliases of nine aliases of ... make
-    a few hundred bytes expand to billions of values (an "alias bomb": minutes and gigabytes before a field
-    check sees them). An inventory shares settings through ``defaults:`` instead."""
+# Aliases may add this many values beyond the ones written in the file (:func:`_bound_aliases`).
+MAX_ALIAS_EXPANSION = 10_000
+MAX_NESTING = 64  # an inventory is five levels deep; PyYAML's composer recurses once per level
+
+
+def _bound_nesting(text: str, path: Path) -> None:
+    """Refuse collections nested deeper than :data:`MAX_NESTING` from the event stream (linear, no recursion):
+    ``[[[[...]]]]`` a few thousand deep would otherwise end in a RecursionError inside the YAML composer."""
+    depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-                what = "an alias (*name)" if isinstance(event, yaml.AliasEvent) else "an anchor (&name)"
-                raise InventoryError(
-                    f"{path}:{event.start_mark.line + 1}: {what}: YAML anchors and aliases are not supported in "
-                    "the inventory; put shared settings in `defaults:`"
-                )
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise InventoryError(
+                        f"{path}:{event.start_mark.line + 1}: nested more than {MAX_NESTING} levels deep"
+                    )
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
     except yaml.YAMLError:
-        return  # the parser below reports it, with its line
+        return  # the composer below reports it, with its line
+
+
+def _bound_aliases(node: yaml.Node | None, path: Path) -> None:
+    """Refuse YAML aliases that expand to too much, before anything is built from the node graph: nine aliases of
+    nine aliases of ... make a few hundred bytes expand to billions of values (an "alias bomb"; minutes and
+    gigabytes before a field check sees them). A plain anchor shared by a few hosts is fine. Linear in the
+    file: each node's expanded size is computed once (the composer shares an aliased node, it does not copy)."""
+    sizes: dict[int, int] = {}
+    distinct = 0
+
+    def expanded(n: yaml.Node) -> int:
+        nonlocal distinct
+        key = id(n)
+        if key in sizes:
+            if sizes[key] < 0:
+                raise InventoryError(f"{path}:{n.start_mark.line + 1}: a YAML alias refers to itself")
+            return sizes[key]
+        sizes[key] = -1  # being sized: meeting it again below is a cycle
+        distinct += 1
+        total = 1
+        if isinstance(n, yaml.MappingNode):
+            total += sum(expanded(k) + expanded(v) for k, v in n.value)
+        elif isinstance(n, yaml.SequenceNode):
+            total += sum(expanded(v) for v in n.value)
+        sizes[key] = total
+        return total
+
+    if node is None:
+        return
+    total = expanded(node)
+    if total - distinct > MAX_ALIAS_EXPANSION:
+        raise InventoryError(
+            f"{path}: YAML aliases expand the inventory to {total:,} values ({distinct:,} written); at most "
+            f"{MAX_ALIAS_EXPANSION:,} may come from aliases: put shared settings in `defaults:`"
+        )
 
 
 def _check_names(path: Path, lines: dict[tuple[str | int, ...], int], raw: dict[str, Any]) -> None:
@@ -450,26 +492,27 @@ def _check_names(path: Path, lines: dict[tuple[str | int, ...], int], raw: dict[
     for name in raw.get("hosts") or {}:
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise InventoryError(
-                f"{path}:{lines.get(('hosts', name), 1)}: hosts: the host name {str(name)!r} is not a safe name "
-                "(letters, digits, '_', '.', '-'; max 63)"
+                f"{path}:{lines.get(('hosts', name), 1)}: hosts.{shown(name)}: {str(name)!r} is not a safe host "
+                "name (letters, digits, '_', '.', '-'; max 63)"
             )
     groups = raw.get("groups")
     for group, members in groups.items() if isinstance(groups, dict) else ():
-        where = f"{path}:{lines.get(('groups', group), 1)}: groups"
+        where = f"{path}:{lines.get(('groups', group), 1)}: groups.{shown(group)}"
         if not isinstance(group, str) or not _NAME_RE.fullmatch(group):
             raise InventoryError(
-                f"{where}: the group name {str(group)!r} is not a safe name (letters, digits, '_', '.', '-'; max 63)"
+                f"{where}: {str(group)!r} is not a safe group name (letters, digits, '_', '.', '-'; max 63)"
             )
         for member in members if isinstance(members, list) else ():
             if not isinstance(member, str) or not _NAME_RE.fullmatch(member):
-                raise InventoryError(f"{where}.{group}: member {str(member)!r} is not a host name")
+                raise InventoryError(f"{where}: member {str(member)!r} is not a host name")
 
 
 def parse(text: str, path: Path | str = DEFAULT_FILE) -> Inventory:
     path = Path(path)
-    _refuse_anchors(text, path)
+    _bound_nesting(text, path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _bound_aliases(node, path)
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
