@@ -1,48 +1,85 @@
-"""Parse the ``[kdtree]`` lines (shapes and per-layer parity; the format is in docs/lines.md).
+"""Parse the ``[kdtree]`` lines (the grammar is in docs/lines.md; the backend's formatter is
+``backend/kdtree_backend/lines.py``, pinned to this parser by tests/backend/test_lines_grammar.py).
 
-Only a real parity line counts. A line is a ``[kdtree]`` line when the marker *starts the message*: after an
-optional journald prefix (``May 31 13:04:12 host python[22251]: `` or the ISO form of ``-o short-iso``) and an
-optional SGLang logger prefix (``[2026-05-31 13:04:12 TP3] ``), nothing else. A served request whose text the
-server logs (``... please print [kdtree] L56 rel=0``) therefore never parses as one; ``misplaced_marker`` tells
-the gate such a line was seen, so it can say so.
+A line is a *marked* line when ``[kdtree]`` starts its message: after an optional journald prefix (every
+``journalctl -o short*`` form) and an optional SGLang logger prefix (``[2026-05-31 13:04:12 TP3] ``), nothing else.
+A served request whose text the server logs (``... please print [kdtree] L56 rel=0``) is therefore never a marked
+line; ``misplaced_marker`` tells the gate such a line was seen, so it can say so.
 
-A parity line is checked field by field; whatever is wrong goes into ``ParityLine.problems`` and makes the line
-a FAIL in the gate (never a pass): a missing, duplicated, garbled, non-finite or negative ``rel``,
-``max_abs_diff`` or ``mean``; a missing or garbled ``tp=<rank>``; a duplicated key of any kind; free text between
-the fields; a ``tp=`` that contradicts the logger prefix's ``TPn``. Unknown ``key=value`` fields are kept.
-The per-invocation ``token=`` is carried as read; comparing it is the gate's job (it knows the expected one).
+A marked line is one of three kinds, each exactly as the backend prints it: ``shapes`` (:class:`ShapesLine`),
+``fallback`` (:class:`FallbackLine`) and parity, ``L<n> ...`` (:class:`ParityLine`). Anything else that starts
+with the marker (a garbled head such as ``L56:`` or ``l56``, a tab, a double space, a non-ASCII digit, a sign, an
+unknown kind, a line over :data:`MAX_MESSAGE_CHARS`) is returned as a :class:`ParityLine` whose ``problems`` say
+what is wrong: every consumer (gate, health, status) then fails it, never passes it, and never drops it as
+"another kind". Whether such a line is evidence at all is the gate's question (:meth:`ParityLine.carries`).
+
+Parsing is linear in the line's length: one anchored regex for the prefix, then ``str.split``; no pattern that
+rescans the rest of the line per field.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 
-MARKER = "[kdtree] "
-# journalctl -o short / short-precise / short-iso / short-iso-precise: "<time> <host> <ident>[<pid>]: ".
-_JOURNAL_PREFIX = (
-    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?"
-    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)"
-    r" \S+ [^\s\[\]:]+(?:\[\d+\])?: "
+MARKER = "[kdtree]"
+# The longest marked message accepted (the marker and everything after it). The backend's lines are under 400
+# characters; journald cuts stdout lines at LineMax (48K by default) into several entries, so a longer marked
+# message is not one the backend printed. A longer one is malformed (a FAIL when it carries the token).
+MAX_MESSAGE_CHARS = 4096
+UNKNOWN_LAYER = -1  # the layer of a marked line whose head is not ``L<n>``
+
+# journalctl -o short / short-precise / short-iso / short-iso-precise / short-full / short-unix / short-monotonic /
+# short-delta / with-unit: "<time> <host> <ident>[<pid>]: ". re.ASCII: [0-9] and \d never match other digits.
+_TIMESTAMP = (
+    r"(?:[A-Z][a-z]{2} [ 0-9][0-9] [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?"  # short, short-precise
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]+)?(?:Z|[+-][0-9]{2}:?[0-9]{2})?"  # iso
+    r"|[A-Z][a-z]{2} [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)? [A-Za-z0-9+-]{1,8}"  # full
+    r"|[0-9]{1,12}\.[0-9]{1,9}"  # short-unix
+    r"|\[ *[0-9]{1,12}\.[0-9]{1,9}(?: <[ 0-9]*\.[0-9]+>)?\])"  # short-monotonic, short-delta
 )
+_JOURNAL_PREFIX = rf"{_TIMESTAMP} \S+ [^\s\[\]:]+(?:\[[0-9]+\])?: "
 # SGLang's logger: "[2026-05-31 13:04:12 TP3] ", "[2026-05-31 13:04:12 DP0 TP7 EP7] ".
-_SGLANG_PREFIX = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?P<parts>(?: [A-Z]{2,4}\d{1,4})*)\] "
-_LINE_RE = re.compile(rf"(?P<journal>{_JOURNAL_PREFIX})?(?:{_SGLANG_PREFIX})?\[kdtree\] (?P<body>.*)", re.DOTALL)
-_RANK_PART_RE = re.compile(r"\bTP(\d{1,4})\b")
-# key=value where value is a parenthesised tuple (may hold spaces) or a run of non-space characters.
-_FIELD_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\([^)]*\)|\S+)")
-_LAYER_RE = re.compile(r"L(\d{1,6})")
-_RANK_VALUE_RE = re.compile(r"\d{1,4}")
+_SGLANG_PREFIX = (
+    r"\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]+)?(?P<parts>(?: [A-Z]{2,4}[0-9]{1,4})*)\] "
+)
+_PREFIXED_MARKER_RE = re.compile(rf"(?:{_JOURNAL_PREFIX})?(?:{_SGLANG_PREFIX})?\[kdtree\]", re.ASCII)
+_RANK_PART_RE = re.compile(r"\bTP([0-9]{1,4})\b", re.ASCII)
+
+# The values, exactly as the backend prints them: ASCII digits, no sign (but the exponent's), no "_".
+_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_NUMBER_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", re.ASCII)
+_LAYER_RE = re.compile(r"L(0|[1-9][0-9]{0,5})", re.ASCII)
+_RANK_RE = re.compile(r"0|[1-9][0-9]{0,3}", re.ASCII)
+_INT_RE = re.compile(r"0|[1-9][0-9]{0,11}", re.ASCII)
+_TUPLE_RE = re.compile(r"\((?:(?:0|[1-9][0-9]{0,11}),(?: (?:0|[1-9][0-9]{0,11}),)*(?: (?:0|[1-9][0-9]{0,11}))?)?\)")
+TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{8,128}", re.ASCII)  # as kdtree_backend.lines prints it
+_WORD_RE = re.compile(r"[!-~]+", re.ASCII)  # any other value: printable ASCII, no space
+_LOOSE_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_])token=([A-Za-z0-9_-]+)", re.ASCII)
+
 PARITY_KEYS = ("max_abs_diff", "mean", "rel")
 RANK_KEY = "tp"
 TOKEN_KEY = "token"
+SHAPES_INT_KEYS = ("bs", "q_len", "Dl", "Dr", "kv_len_max")
+SHAPES_TUPLE_KEYS = ("q", "kv_buf", "mask")
+SHAPES_KEYS = (*SHAPES_TUPLE_KEYS[:2], *SHAPES_INT_KEYS, "scale", "mask")
+FALLBACK_KEYS = ("reason",)
+
+
+def _number_ok(text: str) -> bool:
+    return _NUMBER_RE.fullmatch(text) is not None
+
+
+def _tuple_text(text: str) -> tuple[int, ...] | None:
+    if _TUPLE_RE.fullmatch(text) is None:
+        return None
+    return tuple(int(x) for x in text[1:-1].split(",") if x.strip())
 
 
 @dataclass(frozen=True)
 class ShapesLine:
-    """``[kdtree] shapes ...``: the verify metadata the backend saw. Values kept as text; see ``decode``."""
+    """``[kdtree] shapes ...``: the verify metadata the backend saw (well formed). Values kept as text."""
 
     fields: dict[str, str]
     rank: int | None = None
@@ -50,37 +87,21 @@ class ShapesLine:
 
     def tuple_of(self, key: str) -> tuple[int, ...] | None:
         value = self.fields.get(key)
-        if value is None:
-            return None
-        try:
-            return tuple(int(x) for x in value.strip("()").replace(" ", "").split(",") if x)
-        except ValueError:
-            return None
+        return None if value is None else _tuple_text(value)
 
     def int_of(self, key: str) -> int | None:
-        try:
-            return int(self.fields[key])
-        except (KeyError, ValueError):
-            return None
+        value = self.fields.get(key)
+        return int(value) if value is not None and _INT_RE.fullmatch(value) else None
 
     def decode(self) -> ShapesSummary:
-        """What the numbers mean for a reader, plus the classic-bug check of docs/sglang-verify.md."""
+        """What the numbers mean for a reader, plus the classic-bug check (:func:`key_mask_warning`)."""
         q = self.tuple_of("q")
         kv_buf = self.tuple_of("kv_buf")
         mask = self.tuple_of("mask")
         bs, q_len, kv_len_max = self.int_of("bs"), self.int_of("q_len"), self.int_of("kv_len_max")
         tokens, heads, head_dim = (*q, None, None, None)[:3] if q else (None, None, None)
-        mask_row = None
-        warning = None
-        if mask and len(mask) == 1 and tokens:
-            mask_row = mask[0] // tokens if mask[0] % tokens == 0 else None
-            # One request: the mask row covers prefix + drafts, and so must the keys (kv_len_max).
-            if bs == 1 and mask_row is not None and kv_len_max is not None and mask_row != kv_len_max:
-                warning = f"mask rows hold {mask_row} keys but kv_len_max={kv_len_max}: " + (
-                    "draft tokens missing from the keys (classic marshaling bug)"
-                    if q_len and mask_row - kv_len_max == q_len
-                    else "key/mask length mismatch"
-                )
+        mask_numel = mask[0] if mask and len(mask) == 1 else None
+        mask_row = mask_numel // tokens if mask_numel is not None and tokens and mask_numel % tokens == 0 else None
         return ShapesSummary(
             rank=self.rank,
             tokens=tokens,
@@ -92,8 +113,44 @@ class ShapesLine:
             kv_len_max=kv_len_max,
             mask_row=mask_row,
             scale=self.fields.get("scale"),
-            warning=warning,
+            warning=key_mask_warning(bs=bs, q_len=q_len, kv_len_max=kv_len_max, mask_numel=mask_numel, tokens=tokens),
         )
+
+
+def key_mask_warning(
+    *, bs: int | None, q_len: int | None, kv_len_max: int | None, mask_numel: int | None, tokens: int | None
+) -> str | None:
+    """What a shapes line proves about its keys and mask, for every batch size (docs/lines.md).
+
+    With correct keys, request i has ``L_i = prefix_i + q_len`` keys, ``kv_len_max = max L_i`` and the mask holds
+    ``q_len * sum L_i`` entries. Every ``L_i`` is between ``q_len`` and ``kv_len_max``, so ``sum L_i`` must lie in
+    ``[kv_len_max + (bs-1)*q_len, bs*kv_len_max]``. A mask above that range proves the key lists are shorter than
+    the mask rows; when the mask also fits ``kv_len_max + q_len`` as the longest row, that is the classic bug (the
+    drafts left out of the keys, ``kv_len_max`` counting the prefix only). A mask below it proves the rows
+    shorter than the keys. Inside the range the line cannot tell (see docs/lines.md). None: nothing proven."""
+    if bs is None or q_len is None or kv_len_max is None or mask_numel is None or bs < 1 or q_len < 1:
+        return None
+    if tokens is not None and tokens != bs * q_len:
+        return f"q holds {tokens} query tokens but bs={bs} x q_len={q_len} = {bs * q_len}"
+    if mask_numel % q_len:
+        return f"mask of {mask_numel} entries is not q_len={q_len} rows per request"
+    keys_by_mask = mask_numel // q_len  # sum over requests of the mask row length
+    most, least = bs * kv_len_max, kv_len_max + (bs - 1) * q_len
+    per = "" if bs == 1 else " (summed over requests)"
+    if keys_by_mask > most:
+        shown = f"mask rows hold {keys_by_mask} keys{per} but kv_len_max={kv_len_max} allows at most {most}"
+        fits_classic = bs * (kv_len_max + q_len) >= keys_by_mask >= kv_len_max + q_len + (bs - 1) * q_len
+        return f"{shown}: " + (
+            "draft tokens missing from the keys (classic marshaling bug)"
+            if fits_classic
+            else "key/mask length mismatch"
+        )
+    if keys_by_mask < least:
+        return (
+            f"mask rows hold {keys_by_mask} keys{per} but kv_len_max={kv_len_max} needs at least {least}: "
+            "key/mask length mismatch"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -132,8 +189,10 @@ class ShapesSummary:
 class ParityLine:
     """``[kdtree] L<n> max_abs_diff=.. mean=.. rel=.. tp=<rank> token=<t>``: kernel vs Triton on one layer.
 
-    ``problems`` lists what is wrong with the line itself (empty for a well-formed one); the gate fails a line
-    with any problem. A value that does not parse is NaN, so even code that skips ``problems`` cannot pass it."""
+    Also every marked line that is not a well-formed line of a documented kind (``layer`` is then
+    :data:`UNKNOWN_LAYER` unless the head was a good ``L<n>``). ``problems`` lists what is wrong with the line
+    itself (empty for a well-formed one); the gate fails a line with any problem. A value that does not parse is
+    NaN, so even code that skips ``problems`` cannot pass it."""
 
     layer: int
     max_abs_diff: float
@@ -150,42 +209,36 @@ class ParityLine:
         return all(math.isfinite(v) for v in (self.max_abs_diff, self.mean, self.rel))
 
     @property
+    def layer_label(self) -> str:
+        return "L?" if self.layer == UNKNOWN_LAYER else f"L{self.layer}"
+
+    @property
     def where(self) -> str:
-        return f"L{self.layer}" + (f" TP{self.rank}" if self.rank is not None else "")
+        return self.layer_label + (f" TP{self.rank}" if self.rank is not None else "")
+
+    def carries(self, token: str) -> bool:
+        """Whether this line was printed by the invocation that holds ``token``: a well-formed line when its
+        ``token=`` is exactly that; a malformed one when the token appears anywhere in it (a garbled line cannot
+        be trusted to spell its fields, so any sign of the token makes it ours, and a FAIL)."""
+        if self.token == token:
+            return True
+        return bool(self.problems) and bool(token) and token in self.raw
 
 
 @dataclass(frozen=True)
-class OtherKdtreeLine:
-    """A ``[kdtree]`` line of another kind (kept for logs, ignored by the gate)."""
+class FallbackLine:
+    """``[kdtree] fallback reason=<why> path=...``: a call the kernel does not cover (well formed)."""
 
-    text: str
+    fields: dict[str, str]
     rank: int | None = None
     raw: str = ""
 
-
-KdtreeLine = ShapesLine | ParityLine | OtherKdtreeLine
-
-
-def _number(text: str | None) -> float:
-    if text is None:
-        return math.nan
-    try:
-        return float(text)
-    except ValueError:
-        return math.nan
+    @property
+    def text(self) -> str:
+        return "fallback " + " ".join(f"{k}={v}" for k, v in self.fields.items())
 
 
-def _value_problem(key: str, text: str | None) -> str | None:
-    if text is None:
-        return f"missing {key}"
-    value = _number(text)
-    if math.isnan(value) and text.strip().lower() not in ("nan", "+nan", "-nan"):
-        return f"garbled {key}={text}"
-    if not math.isfinite(value):
-        return f"{key}={text} is not finite"
-    if value < 0:
-        return f"negative {key}={text}"
-    return None
+KdtreeLine = ShapesLine | FallbackLine | ParityLine
 
 
 def _prefix_rank(parts: str | None) -> int | None:
@@ -194,60 +247,175 @@ def _prefix_rank(parts: str | None) -> int | None:
 
 
 def misplaced_marker(line: str) -> bool:
-    """The marker appears in the line but does not start its message: text that only looks like a parity line
+    """The marker appears in the line but does not start its message: text that only looks like a marked line
     (a logged request, say). Such a line is never counted; the gate reports it."""
-    return MARKER.strip() in line and parse_line(line) is None
+    return MARKER in line and _PREFIXED_MARKER_RE.match(line) is None
+
+
+def _fields(words: list[str], problems: list[str]) -> dict[str, str]:
+    """``key=value`` words -> fields (the first value of a duplicated key; the duplicate is a problem). A value
+    that opens a tuple runs to the word that closes it (``q=(9, 8, 576)``)."""
+    out: dict[str, str] = {}
+    i, n = 0, len(words)
+    while i < n:
+        word = words[i]
+        i += 1
+        key, eq, value = word.partition("=")
+        if not eq or _KEY_RE.fullmatch(key) is None:
+            problems.append(f"unexpected text {word[:40]!r}")
+            continue
+        if value.startswith("(") and not value.endswith(")"):
+            parts = [value]
+            while i < n and not words[i - 1].endswith(")"):
+                parts.append(words[i])
+                i += 1
+            value = " ".join(parts)
+        if key in out:
+            problems.append(f"duplicated {key}")
+            continue
+        out[key] = value
+    return out
+
+
+def _value_problem(key: str, text: str | None) -> str | None:
+    if text is None:
+        return f"missing {key}"
+    if not _number_ok(text):
+        return f"garbled {key}={text[:40]}"
+    if not math.isfinite(float(text)):
+        return f"{key}={text[:40]} is not finite"
+    return None
+
+
+def malformed_line(raw: str, problem: str) -> ParityLine:
+    """A marked text that could not be read as a line at all (a cut JSON entry, say): a malformed line."""
+    return _malformed(raw, None, [problem])
+
+
+def _malformed(raw: str, rank: int | None, problems: list[str], token: str | None = None) -> ParityLine:
+    if token is None:
+        loose = _LOOSE_TOKEN_RE.search(raw)
+        token = loose.group(1) if loose else None
+    nan = math.nan
+    return ParityLine(UNKNOWN_LAYER, nan, nan, nan, rank=rank, raw=raw, token=token, problems=tuple(problems))
 
 
 def parse_line(line: str) -> KdtreeLine | None:
-    """One log line -> its ``[kdtree]`` record, or None when the marker does not start the message."""
-    raw = line.rstrip("\n")
-    m = _LINE_RE.fullmatch(raw)
+    """One journal message (or a line of journalctl's text output) -> its ``[kdtree]`` record; None when the
+    marker does not start the message. Never raises; a malformed marked line is a ParityLine with problems."""
+    raw = line[:-1] if line.endswith("\n") else line
+    if MARKER not in raw:
+        return None
+    m = _PREFIXED_MARKER_RE.match(raw)
     if m is None:
         return None
     prefix_rank = _prefix_rank(m.group("parts"))
-    body = m.group("body").strip()
-    head, _, rest = body.partition(" ")
-    pairs = _FIELD_RE.findall(rest)
-    fields = dict(pairs)
-    if head == "shapes":
-        return ShapesLine(fields=fields, rank=prefix_rank, raw=raw)
-    layer = _LAYER_RE.fullmatch(head)
-    if not layer:
-        return OtherKdtreeLine(text=body, rank=prefix_rank, raw=raw)
-
+    start = m.end() - len(MARKER)
+    if len(raw) - start > MAX_MESSAGE_CHARS:
+        return _malformed(raw, prefix_rank, [f"longer than {MAX_MESSAGE_CHARS} characters"])
+    body = raw[m.end() :]
     problems: list[str] = []
-    duplicated = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
-    problems += [f"duplicated {k}" for k in duplicated]
-    leftover = _FIELD_RE.sub("", rest).strip()
-    if leftover:
-        problems.append(f"unexpected text {leftover[:40]!r}")
+    if not (body.isascii() and body.isprintable()):
+        bad = next(c for c in body if not (c.isascii() and c.isprintable()))
+        problems.append(f"character {bad!r} (only printable ASCII and single spaces)")
+    if not body.startswith(" "):
+        problems.append("no space after the marker")
+    words = body[1:].split(" ") if body.startswith(" ") else body.split(" ")
+    if "" in words:
+        problems.append("not single spaces between the fields")
+        words = [w for w in words if w]
+    if not words:
+        return _malformed(raw, prefix_rank, [*problems, "nothing after the marker"])
+    head, rest = words[0], words[1:]
+    fields = _fields(rest, problems)
+    if head == "shapes":
+        return _shapes(raw, prefix_rank, fields, problems)
+    if head == "fallback":
+        return _fallback(raw, prefix_rank, fields, problems)
+    layer = _LAYER_RE.fullmatch(head)
+    if layer is None:
+        problems.insert(0, f"not a [kdtree] line of a known kind (head {head[:40]!r})")
+        token = fields.get(TOKEN_KEY)
+        return _malformed(raw, prefix_rank, problems, token if token and TOKEN_RE.fullmatch(token) else None)
+    return _parity(raw, prefix_rank, int(layer.group(1)), fields, problems)
+
+
+def _parity(raw: str, prefix_rank: int | None, layer: int, fields: dict[str, str], problems: list[str]) -> ParityLine:
+    values = []
     for key in PARITY_KEYS:
-        problem = _value_problem(key, fields.get(key))
+        text = fields.get(key)
+        problem = _value_problem(key, text)
         if problem:
             problems.append(problem)
+            values.append(math.nan)
+        else:
+            values.append(float(text))  # type: ignore[arg-type]
+    if "duplicated rel" in problems:
+        values[2] = math.nan  # never read either of two rel values as the verdict
     rank_text = fields.get(RANK_KEY)
     rank: int | None = None
     if rank_text is None:
         problems.append(f"missing {RANK_KEY}")
-    elif not _RANK_VALUE_RE.fullmatch(rank_text):
-        problems.append(f"garbled {RANK_KEY}={rank_text}")
+    elif _RANK_RE.fullmatch(rank_text) is None:
+        problems.append(f"garbled {RANK_KEY}={rank_text[:40]}")
     else:
         rank = int(rank_text)
         if prefix_rank is not None and prefix_rank != rank:
             problems.append(f"{RANK_KEY}={rank} but the logger prefix says TP{prefix_rank}")
+    token = fields.get(TOKEN_KEY)
+    if token is not None and TOKEN_RE.fullmatch(token) is None:
+        problems.append(f"garbled {TOKEN_KEY}")
     extra = {k: v for k, v in fields.items() if k not in (*PARITY_KEYS, RANK_KEY, TOKEN_KEY)}
+    for k, v in extra.items():
+        if _WORD_RE.fullmatch(v) is None:
+            problems.append(f"garbled {k}={v[:40]}")
     return ParityLine(
-        layer=int(layer.group(1)),
-        max_abs_diff=_number(fields.get("max_abs_diff")),
-        mean=_number(fields.get("mean")),
-        rel=_number(fields.get("rel")) if "rel" not in duplicated else math.nan,
+        layer=layer,
+        max_abs_diff=values[0],
+        mean=values[1],
+        rel=values[2],
         rank=rank if rank is not None else prefix_rank,
         extra=extra,
         raw=raw,
-        token=fields.get(TOKEN_KEY),
+        token=token,
         problems=tuple(problems),
     )
+
+
+def _shapes(raw: str, rank: int | None, fields: dict[str, str], problems: list[str]) -> KdtreeLine:
+    for key in SHAPES_KEYS:
+        value = fields.get(key)
+        if value is None:
+            problems.append(f"missing {key}")
+        elif key in SHAPES_TUPLE_KEYS:
+            if _tuple_text(value) is None:
+                problems.append(f"garbled {key}={value[:40]}")
+        elif key == "scale":
+            if not _number_ok(value):
+                problems.append(f"garbled {key}={value[:40]}")
+        elif _INT_RE.fullmatch(value) is None:
+            problems.append(f"garbled {key}={value[:40]}")
+    _check_extra(fields, SHAPES_KEYS, problems)
+    if problems:
+        return _malformed(raw, rank, ["malformed shapes line", *problems])
+    return ShapesLine(fields=fields, rank=rank, raw=raw)
+
+
+def _fallback(raw: str, rank: int | None, fields: dict[str, str], problems: list[str]) -> KdtreeLine:
+    if "reason" not in fields:
+        problems.append("missing reason")
+    _check_extra(fields, (), problems)
+    if problems:
+        return _malformed(raw, rank, ["malformed fallback line", *problems])
+    return FallbackLine(fields=fields, rank=rank, raw=raw)
+
+
+def _check_extra(fields: dict[str, str], known: tuple[str, ...], problems: list[str]) -> None:
+    for k, v in fields.items():
+        if k in known:
+            continue
+        if _WORD_RE.fullmatch(v) is None and _tuple_text(v) is None:
+            problems.append(f"garbled {k}={v[:40]}")
 
 
 def parse_lines(lines: list[str]) -> list[KdtreeLine]:

@@ -38,7 +38,7 @@ from ..errors import (
 from ..gate import classify
 from ..inventory import HostConfig
 from ..journal import message_text
-from ..parity import OtherKdtreeLine, ParityLine, ShapesLine, parse_line
+from ..parity import FallbackLine, ParityLine, ShapesLine, parse_line
 from ..release import default_tree
 from . import common
 from . import render as cli_render
@@ -760,8 +760,8 @@ def _log_json(when: str, msg: str, rec: Any, h: HostConfig) -> dict[str, Any]:
     elif isinstance(rec, ShapesLine):
         d = rec.decode()
         out.update(kind="shapes", rank=rec.rank, fields=rec.fields, decoded=d.text(), warning=d.warning)
-    elif isinstance(rec, OtherKdtreeLine):
-        out.update(kind="kdtree", rank=rec.rank)
+    elif isinstance(rec, FallbackLine):
+        out.update(kind="fallback", rank=rec.rank, fields=rec.fields)
     else:
         out["kind"] = "log"
     return out

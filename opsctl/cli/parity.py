@@ -3,17 +3,22 @@
 
 from __future__ import annotations
 
+import math
+import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, BinaryIO
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 
 from ..errors import GateFailed, UsageError
 from ..gate import LineVerdict
 from ..inventory import GateSettings
-from ..parity_check import ParityCheck, check_journal
+from ..parity import TOKEN_RE as _TOKEN_RE
+from ..parity_check import InputFormat, JournalReader, ParityCheck, check_entries
 from . import common
 
 STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "IGNORED": "dim", "NODATA": "red"}
@@ -23,51 +28,139 @@ app = typer.Typer(
 )
 
 
-def _read(source: str) -> list[str]:
+# A line longer than this is not held whole: its start is judged (a marked one is over the length limit, so
+# malformed) and the rest is only searched for the token, so a huge line cannot exhaust memory.
+MAX_LINE_BYTES = 1 << 20
+_TOKEN_IN_TAIL = re.compile(rb"token=([A-Za-z0-9_-]{8,128})")
+
+
+def _lines(stream: BinaryIO) -> Iterator[bytes]:
+    """The input split on ``\\n`` only, as the live gate's journal entries are (never on ``\\r``, U+2028, ...).
+    A line over MAX_LINE_BYTES comes back as its start plus a note naming the tokens found in the rest."""
+    while True:
+        line = stream.readline(MAX_LINE_BYTES)
+        if not line:
+            return
+        if line.endswith(b"\n") or len(line) < MAX_LINE_BYTES:
+            yield line.rstrip(b"\n")
+            continue
+        rest, tokens, tail = 0, set[bytes](), line[-140:]
+        while True:
+            chunk = stream.readline(MAX_LINE_BYTES)
+            if not chunk:
+                break
+            rest += len(chunk)
+            window = tail + chunk
+            if len(tokens) < 16:
+                tokens.update(_TOKEN_IN_TAIL.findall(window))
+            tail = window[-140:]
+            if chunk.endswith(b"\n"):
+                break
+        note = b" ".join(b"token=" + t for t in sorted(tokens)[:16])
+        yield line + b" [cut: " + str(rest).encode() + b" more bytes" + (b"; " + note if note else b"") + b"]"
+
+
+def _open(source: str) -> BinaryIO:
     if source == "-":
-        return sys.stdin.read().splitlines()
+        return sys.stdin.buffer
     try:
-        return Path(source).read_text(errors="replace").splitlines()
+        return Path(source).open("rb")
     except OSError as e:
         raise UsageError(f"{source}: cannot read: {e.strerror or e}") from None
+
+
+def _finite(name: str, value: float | None) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise UsageError(f"{name} must be a finite number, not {value}")
+    return value
 
 
 def _settings(
     host: str | None, pass_rel: float | None, fail_rel: float | None, passes: int | None
 ) -> tuple[GateSettings, int | None]:
     """The gate settings (and TP size) a deploy to HOST would use, else the defaults; flags override either."""
+    _finite("--pass-rel", pass_rel)
+    _finite("--fail-rel", fail_rel)
     base, tp = GateSettings(), None
     if host is not None:
         h = common.inventory().host(host)
         base, tp = h.gate, h.service.tp
+    options = {"pass_rel": "--pass-rel", "fail_rel": "--fail-rel", "consecutive_passes": "--passes"}
     update = {
         k: v
         for k, v in (("pass_rel", pass_rel), ("fail_rel", fail_rel), ("consecutive_passes", passes))
         if v is not None
     }
     try:
-        return GateSettings.model_validate({**base.model_dump(), **update}), tp
-    except ValueError as e:
-        raise UsageError(f"gate settings: {e}") from None
+        settings = GateSettings.model_validate({**base.model_dump(), **update})
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = str(first["loc"][0]) if first["loc"] else ""
+        name = options.get(key, "--pass-rel/--fail-rel" if not key else key)
+        raise UsageError(f"{name}: {first['msg'].removeprefix('Value error, ')}") from None
+    for key, name in options.items():
+        if key != "consecutive_passes" and not math.isfinite(getattr(settings, key)):
+            raise UsageError(f"{name} must be a finite number (from {'--host' if host else 'the defaults'})")
+    return settings, tp
 
 
-def _print(check: ParityCheck) -> None:
+def _token(token: str | None) -> str | None:
+    if token is None:
+        return None
+    if not _TOKEN_RE.fullmatch(token):
+        raise UsageError(
+            "--token must be the invocation's token as the backend prints it: 8 to 128 characters of A-Z a-z 0-9 _ - "
+            f"(got {len(token)} characters{'' if token else ': an empty token checks nothing'})"
+        )
+    return token
+
+
+def _print(check: ParityCheck, all_invocations: bool) -> None:
     out = common.out
+    st = check.state
+    inv = check.judged
+    n = len(check.invocations)
+    if all_invocations and n > 1:
+        for b in check.invocations:
+            v = str(b["verdict"])
+            tok = f" token {b['token']}" if b["token"] else ""
+            out.print(
+                f"invocation {b['index']} (lines {b['first_line']}-{b['last_line']}{tok}): "
+                f"[{STYLE.get(v, '')}]{v}[/] {escape(str(b['reason']))} "
+                f"({b['counted']} counted, {b['ignored']} ignored)",
+                soft_wrap=True,
+            )
     for c in check.lines:
         j = c.judgement
         v = str(j.verdict)
         where = f" {j.line.where}" if j.line is not None else ""
         late = " [dim](after the gate had decided)[/]" if j.after_decision else ""
         out.print(f"line {c.number:>5}{where}: [{STYLE.get(v, '')}]{v}[/] {escape(j.reason)}{late}", soft_wrap=True)
-    st = check.state
-    ignored = st.counts[LineVerdict.IGNORED]
+    if inv.counted_unlisted:
+        out.print(f"[dim]... {inv.counted_unlisted} more counted lines not listed[/]")
+    listed_ignored = sum(1 for c in check.lines if c.judgement.verdict is LineVerdict.IGNORED)
+    if inv.ignored > listed_ignored:
+        out.print(f"[dim]... {inv.ignored - listed_ignored} more ignored lines not listed[/]")
+    late = {k: v for k, v in inv.late.items() if v}
+    if late:
+        out.print(
+            "[dim]after the gate had decided: "
+            + ", ".join(f"{v} {k}" for k, v in late.items())
+            + " (a deploy stops reading there)[/]"
+        )
     s = st.settings
+    if check.token_given:
+        which = f"the whole text ({n} invocation(s) seen)"
+    elif n > 1:
+        which = f"invocation {inv.index} of {n} (the last; lines {inv.first_line}-{inv.last_line})"
+    else:
+        which = "the one invocation seen"
+    token = "checked (given)" if check.token_given else ("checked (the invocation's own)" if st.token else "none seen")
     out.print(
         f"gate: [{STYLE.get(str(st.verdict), '')}]{st.verdict}[/] {escape(st.reason)} "
-        f"({st.lines} parity lines counted, {ignored} ignored; pass rel <= {s.pass_rel:g}, fail rel >= {s.fail_rel:g}, "
-        f"{s.consecutive_passes} consecutive passes per rank, "
-        f"{'TP ' + str(st.expected_ranks) if st.expected_ranks else 'ranks as seen'}, "
-        f"token {'checked' if st.token else 'not checked'})",
+        f"(judged {which}; {st.lines} parity lines counted, {inv.ignored} ignored; pass rel <= {s.pass_rel:g}, "
+        f"fail rel >= {s.fail_rel:g}, {s.consecutive_passes} consecutive passes per rank, "
+        f"{'TP ' + str(st.expected_ranks) if st.expected_ranks else 'ranks as seen'}, token {escape(token)})",
         soft_wrap=True,
     )
 
@@ -75,7 +168,13 @@ def _print(check: ParityCheck) -> None:
 @app.command("check")
 @common.bounded
 def check(
-    source: Annotated[str, typer.Argument(help="Journal text to read (any journalctl -o format), or - for stdin.")],
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="journalctl output (-o short, short-precise, short-iso[-precise], short-full, short-unix, "
+            "short-monotonic, cat, json) or opsctl logs [--json] output; - for stdin."
+        ),
+    ],
     host: Annotated[
         str | None, typer.Option("--host", help="Use this inventory host's gate settings and TP size.")
     ] = None,
@@ -89,22 +188,38 @@ def check(
     token: Annotated[
         str | None,
         typer.Option(
-            "--token", help="The invocation's token (state/parity.env); without it everything but the token is checked."
+            "--token",
+            help="The invocation's token (state/parity.env): only lines carrying it count, as in the deploy's gate. "
+            "Without it the last invocation in the text is judged with its own token.",
         ),
     ] = None,
+    all_invocations: Annotated[
+        bool, typer.Option("--all", help="Also show the verdict of every invocation found in the text.")
+    ] = False,
     json_out: common.JsonOption = False,
 ) -> None:
     """Judge [kdtree] parity lines from a journal as the deploy's gate would; exit 0 only on PASS.
 
-    journalctl -u sglang-k26-ddtree -o short-iso | opsctl parity check -
+    journalctl -u sglang-k26-ddtree -o short-iso | opsctl parity check - --tp 8 --token "$TOKEN"
     """
+    token = _token(token)
+    if all_invocations and token is not None:
+        raise UsageError("--all lists the invocations found without a token; with --token the whole text is judged")
     settings, host_tp = _settings(host, pass_rel, fail_rel, passes)
-    result = check_journal(_read(source), settings, tp=tp or host_tp, token=token)
+    reader = JournalReader("stdin" if source == "-" else source)
+    stream = _open(source)
+    try:
+        result = check_entries(reader.entries(_lines(stream)), settings, tp=tp or host_tp, token=token)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    result.input_lines, result.unreadable = reader.lines, reader.unreadable
+    result.input_format = str(reader.format or InputFormat.TEXT)
     if json_out:
-        common.emit_json(result.to_json())
+        common.emit_json(result.to_json(all_invocations=all_invocations))
     else:
-        _print(result)
-    if not result.state.verdict.ok:
+        _print(result, all_invocations)
+    if not result.verdict.ok:
         raise typer.Exit(code=GateFailed.exit_code)
 
 
