@@ -13,6 +13,7 @@ expected, no HTTP port in replay mode) is ``skip`` and never changes the verdict
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -29,10 +30,15 @@ from .fanout import DEFAULT_WORKERS, run_on_hosts
 from .gate import GateState, LineVerdict
 from .host import probe as host_probe
 from .host.facts import SystemFacts, parse_facts
+from .host.journal import SEPARATOR as JOURNAL_SEPARATOR
+from .host.journal import mark_command, poll_command
+from .host.remote import Remote
 from .hoststate import parse_parity_env
 from .inventory import HostConfig
+from .journal import parse_entries, parse_mark
 from .parity import ParityLine, parse_line
 from .release import Manifest
+from .traffic import ProbeClient, serves_http
 
 # ----------------------------------------------------------------------------------------------------------------
 # Levels and results
@@ -50,7 +56,7 @@ class Level(StrEnum):
         return {Level.OK: 0, Level.WARN: 1, Level.CRIT: 2, Level.SKIP: 0}[self]
 
 
-CHECK_NAMES = ("ssh", "unit", "http", "gpu", "drift", "parity", "disk", "lock", "clock")
+CHECK_NAMES = ("ssh", "unit", "http", "gpu", "drift", "parity", "disk", "lock", "clock", "probe")
 # `--rollback-on-fail` acts only on evidence that the running release itself is bad (CheckResult.release_bad):
 # failing parity lines among the latest of the current invocation, or a crash loop. A stopped unit, a slow HTTP
 # endpoint, disk, GPU, lock, drift and clock problems are not fixed by switching releases: a person decides.
@@ -175,6 +181,20 @@ class LockFacts:
 
 
 @dataclass(frozen=True)
+class ProbeFacts:
+    """``--probe``: one probe request through the service's own API (opsctl/traffic.py) and the parity lines the
+    running invocation printed after it was sent."""
+
+    sent: int = 0
+    answered: int = 0
+    error: str | None = None  # why the request failed, or why the probe could not run
+    refused: bool = False  # the server refused the request (HTTP 4xx): the probe could not ask
+    ttft_s: float | None = None
+    lines: tuple[ParityLine, ...] = ()
+    waited_s: float = 0.0  # how long the lines were waited for after the answer
+
+
+@dataclass(frozen=True)
 class HostFacts:
     host: str
     reachable: bool = True
@@ -191,6 +211,7 @@ class HostFacts:
     host_time: float | None = None  # host epoch seconds when probed
     local_time: float = 0.0  # local epoch seconds when the probe answered
     elapsed_s: float = 0.0
+    probe: ProbeFacts | None = None  # None: no probe request was sent (not asked for, or no HTTP API)
 
 
 @dataclass(frozen=True)
@@ -230,6 +251,7 @@ def evaluate(host: HostConfig, facts: HostFacts, previous: PreviousRun | None = 
         check_disk(host, facts.disk_free_mb),
         check_lock(host, facts.lock),
         check_clock(facts.host_time, facts.local_time),
+        check_probe(host, facts.probe, facts.parity_token),
     )
     return HostHealth(
         host.name,
@@ -384,6 +406,56 @@ def check_parity(
 def _sample_level(gate: GateState, sample: ParitySample) -> Level:
     """The gate's own verdict on one line (malformed or non-finite fails, never passes), as a health level."""
     return _LINE_LEVEL[gate.judge_line(sample.line)]
+
+
+def check_probe(host: HostConfig, probe: ProbeFacts | None, token: str | None) -> CheckResult:
+    """``--probe``: the probe request must be answered, and every TP rank must have printed a fresh parity line
+    with the running invocation's token, judged by the gate's rules: the verify path works end to end. A failing
+    line or a request the server could not serve is evidence against the release; a silent rank is CRIT too."""
+    if probe is None:
+        why = (
+            "replay service has no HTTP API"
+            if not serves_http(host)
+            else "not asked for (--probe, or health.probe: true)"
+        )
+        return CheckResult("probe", Level.SKIP, why)
+    if probe.error:
+        what = "probe request refused" if probe.refused else "probe request failed"
+        return CheckResult("probe", Level.CRIT, f"{what}: {probe.error}", release_bad=not probe.refused)
+    gate = GateState(settings=host.gate, started_at=0.0, deadline_s=1.0, expected_ranks=host.service.tp, token=token)
+    verdicts = [gate.feed(line, 0.0) for line in probe.lines]
+    ignored = verdicts.count(LineVerdict.IGNORED)
+    note = f"; {ignored} line(s) without this invocation's token ignored" if ignored else ""
+    ttft = f" (TTFT {probe.ttft_s * 1000:.0f} ms)" if probe.ttft_s is not None else ""
+    failing = [line for line, v in zip(probe.lines, verdicts, strict=True) if v is LineVerdict.FAIL]
+    if failing:
+        worst = failing[-1]
+        return CheckResult(
+            "probe",
+            Level.CRIT,
+            f"request answered{ttft}, but {len(failing)} fresh parity line(s) fail: {gate.reason}{note}",
+            worst.rel,
+            release_bad=True,
+        )
+    silent = gate.silent_ranks() if host.service.tp else []
+    if silent or gate.lines == 0:
+        ranks = ", ".join(map(str, silent or range(host.service.tp)))
+        return CheckResult(
+            "probe",
+            Level.CRIT,
+            f"request answered{ttft}, but TP rank(s) {ranks} of {host.service.tp} printed no fresh parity line "
+            f"within {probe.waited_s:.0f}s (verify path not proven){note}",
+        )
+    if verdicts.count(LineVerdict.INCONCLUSIVE):
+        return CheckResult(
+            "probe", Level.WARN, f"request answered{ttft}; {gate.lines} fresh parity line(s), some inconclusive{note}"
+        )
+    return CheckResult(
+        "probe",
+        Level.OK,
+        f"request answered{ttft}; {gate.lines} fresh parity line(s) from each of {host.service.tp} rank(s) pass{note}",
+        probe.ttft_s,
+    )
 
 
 def check_disk(host: HostConfig, free_mb: float | None) -> CheckResult:
@@ -666,14 +738,49 @@ def lock_owner(text: str) -> tuple[str | None, int | None]:
     return (client if isinstance(client, str) else None), (pid if isinstance(pid, int) else None)
 
 
-def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFacts:
-    """Probe one host in one SSH round trip. Any SSH failure is an unreachable host, never an exception."""
+def verify_probe(r: Remote, host: HostConfig) -> ProbeFacts:
+    """``--probe``'s I/O: mark the journal, send one probe request from the host (``health.probe_max_new_tokens``
+    new tokens: enough verify steps for one sampled parity step after the start's burst), then read the running
+    invocation's entries after the mark until every TP rank has printed a parity line or ``health.probe_wait_s``
+    has passed."""
+    mark = parse_mark(r.run(mark_command(host.unit), timeout=60).stdout)
+    client = ProbeClient(host, lambda: r)
+    try:
+        wave = client.wave(requests=1, max_new_tokens=host.health.probe_max_new_tokens)
+    except OpsError as e:
+        return ProbeFacts(error=e.message)
+    if wave.failed:
+        first = wave.failed[0]
+        return ProbeFacts(sent=1, error=first.error or first.kind, refused=first.refused)
+    ttft = wave.requests[0].ttft_s if wave.requests else None
+    lines: list[ParityLine] = []
+    cursor, t0 = mark.cursor, time.monotonic()
+    while True:
+        res = r.run(poll_command(host.unit, cursor), timeout=60, check=False)
+        for entry in parse_entries(res.stdout.partition(JOURNAL_SEPARATOR)[2]):
+            cursor = entry.cursor
+            parsed = parse_line(entry.message)
+            if entry.invocation == mark.old_invocation and isinstance(parsed, ParityLine):
+                lines.append(parsed)
+        ranks = {line.rank for line in lines}
+        waited = time.monotonic() - t0
+        if all(rank in ranks for rank in range(host.service.tp)) or waited >= host.health.probe_wait_s:
+            return ProbeFacts(sent=1, answered=1, ttft_s=ttft, lines=tuple(lines), waited_s=waited)
+        time.sleep(0.5)
+
+
+def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False, probe: bool = False) -> HostFacts:
+    """Probe one host in one SSH round trip (with ``probe``, and an HTTP API, a few more: :func:`verify_probe`).
+    Any SSH failure is an unreachable host, never an exception."""
     from .ssh import connect  # the SSH layer pulls in paramiko; the pure parts above do not need it
 
     t0 = time.monotonic()
+    verify = None
     try:
         with connect(host, accept_new_host_key=accept_new_host_key) as r:
             res = r.run(probe_command(host), timeout=host.health.http_timeout_s + 60, check=True)
+            if probe and serves_http(host):
+                verify = verify_probe(r, host)
         system, raw = read_probe(res.stdout)
     except OpsError as e:
         return unreachable_facts(host, e, time.monotonic() - t0)
@@ -681,7 +788,7 @@ def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFac
         return unreachable_facts(
             host, OpsError(f"{host.name}: health probe output unreadable: {e}"), time.monotonic() - t0
         )
-    return facts_from_probe(
+    facts = facts_from_probe(
         host,
         system,
         raw,
@@ -691,6 +798,7 @@ def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFac
         pid_alive=pid_alive,
         local_hostname=local_hostname(),
     )
+    return dataclasses.replace(facts, probe=verify)
 
 
 def unreachable_facts(host: HostConfig, error: OpsError | Exception, elapsed_s: float) -> HostFacts:

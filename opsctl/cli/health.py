@@ -50,14 +50,23 @@ def health_command(
         ),
     ] = False,
     no_alerts: Annotated[bool, typer.Option("--no-alerts", help="do not run the inventory's alert hook")] = False,
+    probe: Annotated[
+        bool | None,
+        typer.Option(
+            "--probe/--no-probe",
+            help="send one probe request through the service's API and require fresh parity lines from every rank "
+            "(the verify path end to end; default: the host's health.probe, off unless set)",
+        ),
+    ] = None,
     inventory_path: common.InventoryOption = None,
     accept_new_host_key: common.AcceptNewHostKeyOption = False,
 ) -> None:
-    """Check hosts: unit, HTTP, GPU, drift, parity, disk, lock. Exit 0 OK, 1 WARN, 2 CRIT, 3 the check failed."""
+    """Check hosts: unit, HTTP, GPU, drift, parity, disk, lock; with --probe the verify path end to end. Exit 0 OK,
+    1 WARN, 2 CRIT, 3 the check failed."""
     inventory = common.inventory(inventory_path, accept_new_host_key=accept_new_host_key)
     secrets = alerts.webhook_secrets(inventory.hosts.values())
     try:
-        _health(inventory, target, all_hosts, as_json, prometheus, rollback_on_fail, no_alerts)
+        _health(inventory, target, all_hosts, as_json, prometheus, rollback_on_fail, no_alerts, probe)
     except (typer.Exit, typer.TyperException, typer.Abort):
         raise
     except OpsError as e:  # any message may quote a webhook URL: scrub it before the boundary prints it
@@ -81,10 +90,15 @@ def _health(
     prometheus: Path | None,
     rollback_on_fail: bool,
     no_alerts: bool,
+    probe: bool | None = None,
 ) -> None:
     name, hosts = _targets(inventory, target, all_hosts)
     t0 = time.monotonic()
-    run = hl.check_hosts(hosts, hl.ssh_probe, hl.HealthHistory())
+    run = hl.check_hosts(
+        hosts,
+        lambda h: hl.ssh_probe(h, probe=h.health.probe if probe is None else probe),
+        hl.HealthHistory(),
+    )
     elapsed = time.monotonic() - t0
     if prometheus is not None:
         hl.write_atomic(prometheus, render.render_prometheus(run.results))
