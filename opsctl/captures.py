@@ -33,7 +33,7 @@ from .host import layout as host_layout
 # The commands' home is opsctl.host.captures and opsctl.host.replay; these names stay importable from here.
 from .host.captures import ID_RE, REQUEST_FILE, check_capture_id
 from .host.remote import Remote
-from .host.replay import capture_replay_command
+from .host.replay import ReleaseCommand, capture_replay_command
 from .inventory import HostConfig
 from .release import ADOPTED_ID_RE
 from .release import ID_RE as RELEASE_ID_RE
@@ -436,8 +436,8 @@ def prune(r: Remote, host: HostConfig, ids: Iterable[str]) -> None:
 # ---------------------------------------------------------------------------------------------- replay
 
 
-def replay_command(host: HostConfig, release_dir: str, token: str) -> str:
-    """The remote command line that replays every capture stored on ``host`` with the release in ``release_dir``
+def replay_command(host: HostConfig, release_dir: str, token: str) -> ReleaseCommand:
+    """The remote command (its line, and the token it reads from stdin) that replays every capture stored on ``host`` with the release in ``release_dir``
     (its kernel on the host's GPU, or its reference path without one), printing one ``[kdtree]`` parity line per
     stored call with ``token=<token>`` and ``capture=<id>/<call>``. Exit 0: every line's rel <= the host's
     ``gate.fail_rel`` (or nothing stored: ``captures=0``); 3: a line at or over it, or a damaged capture; 2: usage.
@@ -499,7 +499,8 @@ def judge_replay(stdout: str, rc: int, host: HostConfig, token: str, stderr: str
         why = skipped[0].removeprefix("kdtree-replay: ") if skipped else f"{damaged} damaged capture(s)"
         return ReplayJudgement(Verdict.FAIL, f"capture replay: {why}", judgements, calls, damaged, state)
     if rc not in (0, EXIT_REPLAY_FAILED) or not summary_seen:
-        tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
+        # The replay's lines carry the token: an error message quotes its output without it.
+        tail = " | ".join((stderr or stdout).strip().splitlines()[-3:]).replace(token, "<token>")
         return ReplayJudgement(
             Verdict.ERROR, f"capture replay could not run (exit {rc}): {tail}", judgements, calls, damaged, state
         )
@@ -615,6 +616,7 @@ def replay_release(host: HostConfig, release: str, token: str) -> ReplayRun:
     with connect(host) as r:
         release_id, path = _release_dir(r, host, release)
         started = time.monotonic()
-        res = r.run(replay_command(host, path, token), check=False, timeout=REPLAY_TIMEOUT_S)
+        command = replay_command(host, path, token)
+        res = r.run(command.command, stdin=command.stdin, check=False, timeout=REPLAY_TIMEOUT_S)
     elapsed = time.monotonic() - started
     return ReplayRun(release_id, judge_replay(res.stdout, res.rc, host, token, res.stderr), res.stderr, elapsed)

@@ -352,6 +352,8 @@ class GateState:
             "inconclusive": self.counts[LineVerdict.INCONCLUSIVE],
             "ignored": self.counts[LineVerdict.IGNORED],
             "restarts": self.restarts_seen,
+            # False: the unit did not read the token file, so lines were judged without a token (never silent).
+            "token_checked": self.token is not None,
             "elapsed_s": round((self.decided_at or self.started_at) - self.started_at, 3),
             "worst": None
             if worst is None

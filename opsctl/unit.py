@@ -20,6 +20,7 @@ __all__ = [
     "install",
     "render",
     "render_from_tree",
+    "systemd_value",
     "systemd_word",
     "unit_path",
 ]
@@ -36,6 +37,13 @@ _GPU_DEVICE_CLASSES = (
 )
 REPLAY_INTERVAL_S = 2.0
 _MODE_TEXT = {"sglang": "SGLang", "standin": "CPU stand-in for SGLang (testbed)", "replay": "CPU replay (testbed)"}
+
+
+def systemd_value(value: str) -> str:
+    """A value for a unit setting that expands specifiers but is not a command line: '%' doubled. The inventory
+    refuses whitespace, quotes, backslashes and control characters in these values (paths and names), so this is
+    the one character left that systemd would read differently from opsctl."""
+    return value.replace("%", "%%")
 
 
 def systemd_word(arg: str) -> str:
@@ -101,10 +109,13 @@ def render(template: str, host: HostConfig) -> str:
     values = {
         "HEADER": f"{host.unit}.service for host {host.name}",
         "MODE": _MODE_TEXT[svc.mode],
-        "ROOT": host.root,
-        "USER": host.user,
-        "UNIT": host.unit,
-        "ENVIRONMENT_FILE": f"EnvironmentFile=-{svc.environment_file}"
+        # Every inventory value below lands in a setting where systemd expands specifiers (WorkingDirectory=,
+        # Environment=, EnvironmentFile=, User=, SyslogIdentifier=): '%' is escaped, so systemd's paths are the
+        # ones opsctl writes to (a root of /srv/kd%n would otherwise become /srv/kd<unit name>).
+        "ROOT": systemd_value(host.root),
+        "USER": systemd_value(host.user),
+        "UNIT": systemd_value(host.unit),
+        "ENVIRONMENT_FILE": f"EnvironmentFile=-{systemd_value(svc.environment_file)}"
         if svc.environment_file
         else "# no EnvironmentFile in inventory",
         "EXEC_START": " ".join(systemd_word(a) for a in exec_argv(host)),

@@ -51,7 +51,7 @@ def prerestart_parity(r: Remote, host: HostConfig, layout: Layout, release: str,
     command = replay_commands.synthetic_replay_command(
         host.service.python, rel, token, steps=PRE_RESTART_PARITY_STEPS, threshold=host.gate.fail_rel
     )
-    res = r.run(command, timeout=PARITY_TIMEOUT_S, check=False)
+    res = r.run(command.command, stdin=command.stdin, timeout=PARITY_TIMEOUT_S, check=False)
     state = GateState.every_line(host.gate, expected_ranks=1, token=token, deadline_s=PARITY_TIMEOUT_S)
     for message in res.stdout.splitlines():
         feed_line(state, message, 0.0, reporter)
@@ -61,7 +61,7 @@ def prerestart_parity(r: Remote, host: HostConfig, layout: Layout, release: str,
         raise GateFailed(f"pre-restart parity {state.reason or f'worst rel {worst:.4g}'}")
     if res.rc == 0 and state.lines:
         return f"{state.lines} parity lines, worst rel {worst:.3g}; {captured}"
-    tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+    tail = command.redact(" | ".join((res.stderr or res.stdout).strip().splitlines()[-3:]))
     raise DeployFailed(f"pre-restart parity could not run (exit {res.rc}, {state.lines} parity lines): {tail}")
 
 
@@ -99,7 +99,8 @@ def replay_captures(r: Remote, host: HostConfig, release_dir: str, reporter: Rep
     damaged one stops the deploy before the switch, as the synthetic check does. Returns the step's detail."""
     token = hs.new_parity_token()
     t = time.monotonic()
-    res = r.run(captures.replay_command(host, release_dir, token), timeout=captures.REPLAY_TIMEOUT_S, check=False)
+    command = captures.replay_command(host, release_dir, token)
+    res = r.run(command.command, stdin=command.stdin, timeout=captures.REPLAY_TIMEOUT_S, check=False)
     j = captures.judge_replay(res.stdout, res.rc, host, token, res.stderr)
     for judgement in j.judgements:
         if judgement.line is not None and judgement.verdict is not LineVerdict.IGNORED:

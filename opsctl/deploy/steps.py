@@ -93,7 +93,7 @@ def restart_step(*, undoable: bool) -> Step:
 
     def run_(run: Run) -> str:
         run.restarted = True  # from here the new release may be running, whatever the reply says
-        run.mark = restart_unit(run.r, run.host)
+        run.mark = restart_unit(run.r, run.host, run.reporter)
         return ""
 
     def undo(run: Run) -> None:
@@ -158,7 +158,7 @@ def restore_previous(run: Run, target: str | None, failed: str) -> None:
         run.call(lambda r: install_unit_for(r, host, layout, target))
         run.switched = False
         result.current_after = target
-        mark = run.call(lambda r: restart_unit(r, host))
+        mark = run.call(lambda r: restart_unit(r, host, run.reporter))
         note["detail"] = "restarted"
     with run.timer.timed(run.reporter, "gate (rollback)") as note:
         gate = run_gate(

@@ -27,27 +27,44 @@ def _mark(r: Remote, host: HostConfig) -> Mark:
     return parse_mark(r.run(mark_command(host.unit), timeout=60).stdout)
 
 
-def restart_unit(r: Remote, host: HostConfig) -> Mark:
+def restart_unit(r: Remote, host: HostConfig, reporter: Reporter | None = None) -> Mark:
     """Record the journal position + old invocation, hand the next invocation a fresh parity token, restart, and
     read the restart counter baseline.
 
     A unit that hit its start limit (a crash loop) is reset first, else systemd refuses the restart. A start job
     that fails is not an exception here: the gate sees the failed unit and decides. A unit that does not read the
     token file (an adopted, hand-made unit) cannot carry the token: its lines are then judged without it (the
-    Mark's token is None), everything else as strictly."""
+    Mark's token is None), everything else as strictly. That is never silent: a WARNING line goes to
+    ``reporter`` here, and the gate's summary in the history says ``token_checked: false``."""
     m = _mark(r, host)
     layout = Layout(host.root)
     token = hs.new_parity_token()
     hs.write_parity_token(r, layout, token)
     out = r.run(unit_commands.restart_command(host.unit), timeout=host.service.start_timeout_s + 60).stdout
-    facts = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
-    restarts = facts.get("restarts", "").strip()
-    carries_token = layout.parity_env in facts.get("envfiles", "")
+    facts = unit_commands.parse_restart_output(out)
+    carries_token = reads_token_file(facts.envfiles, layout.parity_env)
+    if not carries_token and reporter is not None:
+        reporter.info(token_warning(facts.envfiles, layout.parity_env))
     return Mark(
         old_invocation=m.old_invocation,
         cursor=m.cursor,
-        n_restarts=int(restarts) if restarts.isdigit() else 0,
+        n_restarts=facts.restarts or 0,
         token=token if carries_token else None,
+    )
+
+
+def reads_token_file(envfiles: tuple[str, ...], parity_env: str) -> bool:
+    """Whether the unit's EnvironmentFiles (as systemd expanded them) include the token file itself: the exact
+    path, never a substring (``/srv/kd/state/parity.env.old`` or a longer root does not count). Pure."""
+    return parity_env in envfiles
+
+
+def token_warning(envfiles: tuple[str, ...], parity_env: str) -> str:
+    read = ", ".join(envfiles) or "none"
+    return (
+        f"WARNING: parity token NOT checked: the unit does not read {parity_env} (its EnvironmentFiles: {read}), so "
+        "its parity lines are judged without a token and any process on the host could print a passing one; "
+        "let opsctl render the unit (opsctl deploy) to check it"
     )
 
 

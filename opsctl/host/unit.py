@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 
 UNIT_DIR = "/etc/systemd/system"
 
@@ -46,13 +47,36 @@ def enable_once_command(unit: str) -> str:
 
 def restart_command(unit: str) -> str:
     """Reset a failed unit (one that hit its start limit refuses a restart), restart it, and print ``rc=`` (the
-    restart's exit status), ``restarts=`` (NRestarts) and ``envfiles=`` (EnvironmentFiles) as ``key=value``."""
+    restart's exit status), ``restarts=`` (NRestarts) and one ``envfile=`` line per EnvironmentFiles entry
+    (systemctl prints one line each, ``PATH (ignore_errors=yes)``), read by :func:`parse_restart_output`."""
     u = shlex.quote(service(unit))
     return (
         f'systemctl reset-failed {u} 2>/dev/null; systemctl restart {u}; echo "rc=$?"; '
         f'echo "restarts=$(systemctl show -p NRestarts --value {u})"; '
-        f'echo "envfiles=$(systemctl show -p EnvironmentFiles --value {u})"'
+        f"systemctl show -p EnvironmentFiles --value {u} | sed 's/^/envfile=/'"
     )
+
+
+@dataclass(frozen=True)
+class RestartFacts:
+    rc: int | None
+    restarts: int | None
+    envfiles: tuple[str, ...]  # the paths the new invocation reads, as systemd expanded them
+
+
+def parse_restart_output(stdout: str) -> RestartFacts:
+    """:func:`restart_command`'s output. Pure."""
+    rc = restarts = None
+    envfiles: list[str] = []
+    for line in stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key == "rc" and value.strip().isdigit():
+            rc = int(value)
+        elif key == "restarts" and value.strip().isdigit():
+            restarts = int(value)
+        elif key == "envfile" and value:
+            envfiles.append(value.rsplit(" (ignore_errors=", 1)[0])
+    return RestartFacts(rc, restarts, tuple(envfiles))
 
 
 def read_unit_file_command(unit: str) -> str:

@@ -193,9 +193,9 @@ def test_list_command_quotes_the_directory() -> None:
 def test_replay_command_is_quoted_and_refuses_a_bad_token() -> None:
     h = host(root="/srv/x y")
     cmd = cap.replay_command(h, "/srv/x y/releases/r0123456789ab/", TOKEN)
-    argv = shlex.split(cmd)
+    argv = shlex.split(cmd.command)
     assert argv[:3] == ["cd", "/srv/x y/releases/r0123456789ab", "&&"]
-    assert f"KDTREE_PARITY_TOKEN={TOKEN}" in argv
+    assert TOKEN not in cmd.command and cmd.stdin == TOKEN + "\n" and TOKEN not in repr(cmd)
     assert "PYTHONPATH=/srv/x y/releases/r0123456789ab/kernel:/srv/x y/releases/r0123456789ab/backend" in argv
     assert argv[-7:] == [
         "/usr/bin/python3",
@@ -221,7 +221,8 @@ def test_replay_command_runs_and_its_output_is_judged_pass(tmp_path: Path) -> No
         (release / part).symlink_to(REPO / part)
     stored_capture(root / "state" / "capture", "c20260601T120005Z-a1b2c3", steps=2, tp=1)
     h = host(tp=2, root=str(root), python=sys.executable)
-    res = subprocess.run(["bash", "-c", cap.replay_command(h, str(release), TOKEN)], capture_output=True, text=True)
+    cmd = cap.replay_command(h, str(release), TOKEN)
+    res = subprocess.run(["bash", "-c", cmd.command], input=cmd.stdin, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     judged = cap.judge_replay(res.stdout, res.returncode, h, TOKEN, res.stderr)
     assert judged.verdict is Verdict.PASS and judged.calls == 2, judged.reason
@@ -248,11 +249,13 @@ def summary(calls: int, damaged: int = 0) -> str:
         ([line(0.001, tp=5), summary(1)], 0, "", Verdict.FAIL, "outside the unit's 2 TP ranks"),
         ([line(0.001), summary(1, damaged=1)], 3, "kdtree-replay: capture c/x skipped: sha256", Verdict.FAIL, "sha256"),
         (["Traceback ..."], 1, "ModuleNotFoundError: torch", Verdict.ERROR, "could not run (exit 1)"),
+        ([line(0.001), "Traceback ..."], 1, "", Verdict.ERROR, "token=<token> capture=c/x | Traceback"),
     ],
 )
 def test_judge_replay(stdout: list[str], rc: int, stderr: str, verdict: Verdict, reason: str) -> None:
     judged = cap.judge_replay("\n".join(stdout), rc, host(tp=2), TOKEN, stderr)
     assert judged.verdict is verdict and reason in judged.reason, judged.reason
+    assert TOKEN not in judged.reason  # a reason is printed and recorded: the replay's token stays out of it
 
 
 def test_outcome_problem_says_what_to_do() -> None:

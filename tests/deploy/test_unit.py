@@ -121,3 +121,29 @@ def test_systemd_analyze_verify(tmp_path: Path, host: HostConfig) -> None:
     assert res.returncode == 0, res.stderr
     # verify prints warnings without failing; the unit's own lines must be clean.
     assert "sglang-k26-ddtree.service:" not in res.stderr, res.stderr
+
+
+def percent_host() -> HostConfig:
+    svc = ServiceSettings(mode="replay", python=LOCAL_PYTHON, environment_file="/etc/kd%i/sglang%.env")
+    return HostConfig(name="tb1", address="127.0.0.1", gpu_arch=None, root="/srv/kd%n", service=svc)
+
+
+def test_percent_in_inventory_values_is_escaped_for_systemd() -> None:
+    """systemd expands %n, %i ... in WorkingDirectory=, Environment=, EnvironmentFile=: unescaped, its paths
+    differed from the ones opsctl writes (and the token file it checks for)."""
+    text = render(TEMPLATE, percent_host())
+    assert "WorkingDirectory=/srv/kd%%n/current\n" in text
+    assert "EnvironmentFile=-/srv/kd%%n/state/parity.env\n" in text
+    assert "EnvironmentFile=-/etc/kd%%i/sglang%%.env\n" in text
+    assert "Environment=PYTHONPATH=/srv/kd%%n/current/kernel:/srv/kd%%n/current/backend\n" in text
+    settings = [line for line in text.splitlines() if "=" in line and not line.startswith("#")]
+    # No single '%' is left in any setting: each one is doubled (ExecStart's words are escaped by systemd_word).
+    assert all("%" not in line.replace("%%", "") for line in settings), settings
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_escaped_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    unit = tmp_path / "sglang-k26-ddtree.service"
+    unit.write_text(render(TEMPLATE, percent_host()))
+    res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert "sglang-k26-ddtree.service:" not in res.stderr, res.stderr

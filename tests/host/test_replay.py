@@ -21,8 +21,20 @@ def test_in_release_command_sets_the_release_environment(tmp_path: Path) -> None
     cmd = hr.in_release_command(
         str(rel) + "/", TOKEN, ["sh", "-c", 'echo "$PWD|$PYTHONPATH|$KDTREE_CONFIG|$KDTREE_PARITY_TOKEN"']
     )
-    out = sh(cmd).stdout.strip().split("|")
+    out = sh(cmd.command, stdin=cmd.stdin).stdout.strip().split("|")
     assert out == [str(rel), f"{rel}/kernel:{rel}/backend", f"{rel}/deploy/kdtree.json", TOKEN]
+
+
+def test_the_token_travels_on_stdin_never_in_argv(tmp_path: Path) -> None:
+    """The replay process gets the token in its environment; no process's command line (what `ps` shows to
+    every user) carries it, and neither does the command text a CommandFailed message quotes."""
+    cmd = hr.in_release_command(str(tmp_path), TOKEN, ["sh", "-c", 'ps -eo args; echo "env=$KDTREE_PARITY_TOKEN"'])
+    assert TOKEN not in cmd.command and TOKEN not in repr(cmd)
+    res = sh(cmd.command, stdin=cmd.stdin)
+    *ps, env = res.stdout.strip().splitlines()
+    assert env == f"env={TOKEN}"
+    assert any("ps -eo args" in line for line in ps) and not any(TOKEN in line for line in ps), ps
+    assert cmd.redact(f"L0 rel=0 token={TOKEN}") == "L0 rel=0 token=<token>"
 
 
 def test_token_is_checked() -> None:
@@ -32,7 +44,7 @@ def test_token_is_checked() -> None:
 
 
 def test_synthetic_and_capture_replay() -> None:
-    syn = shlex.split(hr.synthetic_replay_command("/usr/bin/python3", HOSTILE, TOKEN, steps=4, threshold=0.02))
+    syn = shlex.split(hr.synthetic_replay_command("/usr/bin/python3", HOSTILE, TOKEN, steps=4, threshold=0.02).command)
     assert syn[syn.index("-m") :] == [
         "-m",
         "kdtree_backend.replay",
@@ -44,7 +56,7 @@ def test_synthetic_and_capture_replay() -> None:
         "0.02",
     ]
     assert syn[:2] == ["cd", HOSTILE]
-    cap = shlex.split(hr.capture_replay_command("py", "/r", f"{HOSTILE}/state/capture", TOKEN, threshold=0.05))
+    cap = shlex.split(hr.capture_replay_command("py", "/r", f"{HOSTILE}/state/capture", TOKEN, threshold=0.05).command)
     assert cap[-4:] == ["--captures", f"{HOSTILE}/state/capture", "--threshold", "0.05"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from opsctl.host import unit as hu
 
@@ -31,9 +32,28 @@ def test_restart_resets_then_reports_three_facts() -> None:
     for key in (
         "rc=$?",
         "restarts=$(systemctl show -p NRestarts --value",
-        "envfiles=$(systemctl show -p EnvironmentFiles",
+        "systemctl show -p EnvironmentFiles --value",
     ):
         assert key in cmd
+
+
+def test_restart_output_lists_every_environment_file(tmp_path: Path) -> None:
+    """systemctl prints one EnvironmentFiles line per file: the token file second (after the inventory's
+    environment_file, as the rendered unit lists them) was lost when the value was read as one line."""
+    fake = tmp_path / "systemctl"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        "  *NRestarts*) echo 4 ;;\n"
+        "  *EnvironmentFiles*) echo '/etc/kd/sglang.env (ignore_errors=yes)'; "
+        "echo '/srv/kd%n/state/parity.env (ignore_errors=yes)' ;;\n"
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    out = sh(hu.restart_command("u"), env={"PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout
+    facts = hu.parse_restart_output(out)
+    assert facts == hu.RestartFacts(rc=0, restarts=4, envfiles=("/etc/kd/sglang.env", "/srv/kd%n/state/parity.env"))
+    assert hu.parse_restart_output("rc=1\nrestarts=\n") == hu.RestartFacts(1, None, ())
 
 
 def test_enable_once_and_read_unit_file() -> None:
