@@ -25,6 +25,7 @@ from rich.text import Text
 from .. import deploy as pipeline
 from .. import fleet, hostinfo
 from .. import hoststate as hs
+from ..deploy.result import describe_restart_times, last_restart_times
 from ..errors import (
     EXIT_LOCK_HELD,
     EXIT_NOT_CONFIRMED,
@@ -50,6 +51,7 @@ VERDICT_STYLE = {
     "INCONCLUSIVE": "yellow",
     "NODATA": "red",
     "ERROR": "bold red",
+    "UNPROVEN": "yellow",
 }
 
 
@@ -70,7 +72,7 @@ class _Seconds(ProgressColumn):
 
 
 # A step whose detail starts with a verdict (the gate's "FAIL: reason") shows that outcome, not a green check.
-_OUTCOME = re.compile(r"^(PASS|FAIL|NODATA|INCONCLUSIVE|ERROR)\b")
+_OUTCOME = re.compile(r"^(PASS|FAIL|NODATA|INCONCLUSIVE|ERROR|UNPROVEN)\b")
 _SWITCH_TO = re.compile(r"current -> (\S+)")
 
 
@@ -256,7 +258,8 @@ DEPLOY_EXIT_CODES = """Exit codes: 0 PASS (also up to date, --dry-run planned, -
 11 host unreachable, 12 ssh authentication failed, 13 host key unknown, 14 host key changed,
 15 a remote command failed, 16 a remote command timed out; 20 the host's deploy lock is held;
 30 deploy failed or refused (nothing gated; also a gate ERROR: the host could not be read);
-31 parity FAIL, NODATA or INCONCLUSIVE, before the restart or at the gate (rolled back). See docs/exit-codes.md."""
+31 parity FAIL, NODATA or INCONCLUSIVE, before the restart or at the gate (rolled back);
+32 UNPROVEN: no verify traffic reached the gate (rolled back, not marked bad). See docs/exit-codes.md."""
 
 
 def _gate_rules(h: HostConfig) -> str:
@@ -558,6 +561,7 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
     snap, hist, parity = view.snap, view.history, view.parity
     latest = view.latest_parity()
     last = next((x for x in reversed(hist) if x.get("verdict")), None)
+    restart_times = last_restart_times(hist)
     doc = {
         "host": host,
         "managed": snap.is_managed,
@@ -572,6 +576,7 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
         "last_good": snap.last_good,
         "bad": sorted(snap.bad),
         "last_verdict": last,
+        "last_restart": restart_times,
         "lock": hs.describe_owner(snap.lock_owner) if snap.lock_present else None,
         "free_mb": snap.free_mb,
         "parity": [
@@ -602,6 +607,8 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
             f"last verdict: [{VERDICT_STYLE.get(v, '')}]{v}[/] ({last.get('event')} {last.get('release')} at {last.get('at')})",
             highlight=False,
         )
+    if restart_times:
+        console.print(f"last restart: {describe_restart_times(restart_times)}", highlight=False)
     console.print(f"lock: {doc['lock'] or 'free'}   free disk: {snap.free_mb} MB", highlight=False)
     if parity:
         console.print(_parity_table(latest, h, title="latest parity line of each rank and layer (current invocation)"))

@@ -146,3 +146,35 @@ def probe_line(probe: dict[str, Any]) -> str:
         return text + ", never ready"
     text += f", ready {ready:.1f}s after the restart"
     return text + (f", verdict {verdict:.1f}s later" if isinstance(verdict, int | float) else "")
+
+
+def last_restart_times(history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest gated restart whose gate probed (a deploy, restart or rollback): its event, release, verdict,
+    time, and the seconds from the restart to readiness and from readiness to the verdict. None when no gate in
+    the history probed. Pure (for `opsctl status`)."""
+    for rec in reversed(history):
+        gate = rec.get("gate")
+        probe = gate.get("probe") if isinstance(gate, dict) else None
+        if isinstance(probe, dict):
+            return {
+                "event": rec.get("event"),
+                "release": rec.get("release"),
+                "verdict": rec.get("verdict"),
+                "at": rec.get("at"),
+                "ready_after_s": probe.get("ready_after_s"),
+                "verdict_after_ready_s": probe.get("verdict_after_ready_s"),
+                "verdict_after_s": gate.get("elapsed_s"),
+            }
+    return None
+
+
+def describe_restart_times(times: dict[str, Any]) -> str:
+    """``ready 3.1s after the restart, verdict PASS 0.8s later (4.0s in all; deploy r1 at ...)``."""
+    ready, later, total = times.get("ready_after_s"), times.get("verdict_after_ready_s"), times.get("verdict_after_s")
+    head = f"ready {ready:.1f}s after the restart" if isinstance(ready, int | float) else "never ready"
+    verdict = f"verdict {times.get('verdict')}"
+    if isinstance(later, int | float):
+        verdict += f" {later:.1f}s later"
+    if isinstance(total, int | float):
+        verdict += f" ({total:.1f}s after the restart)"
+    return f"{head}, {verdict}; {times.get('event')} {times.get('release')} at {times.get('at')}"

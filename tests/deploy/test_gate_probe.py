@@ -4,7 +4,7 @@ and a fleet's failure budget. Pure: no host, no clock."""
 
 from __future__ import annotations
 
-from opsctl.deploy.result import DeployResult, DeployVerdict
+from opsctl.deploy.result import DeployResult, DeployVerdict, describe_restart_times, last_restart_times
 from opsctl.errors import EXIT_UNPROVEN, GateFailed
 from opsctl.fleet import HostOutcome, Outcome, outcome_from_result, plan_rollout, run_rollout
 from opsctl.gate import NO_TRAFFIC_REASON, GateState, Traffic, UnitObservation, Verdict
@@ -226,3 +226,30 @@ def test_an_unproven_canary_stops_the_roll_out() -> None:
     )
     assert report.stopped == "canary h0 UNPROVEN: idle"
     assert [o.outcome for o in report.outcomes] == [Outcome.UNPROVEN, *[Outcome.SKIPPED] * 3]
+
+
+def test_status_reads_the_newest_probed_restart_from_the_history() -> None:
+    history = [
+        {"event": "deploy", "release": "r1", "verdict": "PASS", "at": "t1", "gate": {"elapsed_s": 9.0}},
+        {
+            "event": "deploy",
+            "release": "r2",
+            "verdict": "FAIL",
+            "at": "t2",
+            "gate": {"elapsed_s": 4.2, "probe": {"ready_after_s": 3.1, "verdict_after_ready_s": 1.1}},
+        },
+        {
+            "event": "rollback",
+            "release": "r1",
+            "verdict": "PASS",
+            "at": "t3",
+            "gate": {"elapsed_s": 4.0, "probe": {"ready_after_s": 3.2, "verdict_after_ready_s": 0.8}},
+        },
+        {"event": "deploy-start", "release": "r3", "at": "t4"},
+    ]
+    times = last_restart_times(history)
+    assert times is not None and (times["event"], times["release"], times["ready_after_s"]) == ("rollback", "r1", 3.2)
+    assert describe_restart_times(times) == (
+        "ready 3.2s after the restart, verdict PASS 0.8s later (4.0s after the restart); rollback r1 at t3"
+    )
+    assert last_restart_times(history[:1]) is None
