@@ -58,6 +58,16 @@ TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{8,128}", re.ASCII)  # as kdtree_backend.li
 _WORD_RE = re.compile(r"[!-~]+", re.ASCII)  # any other value: printable ASCII, no space
 _LOOSE_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_])token=([A-Za-z0-9_-]+)", re.ASCII)
 
+# The common case in one anchored match: a well-formed parity line in the backend's field order. Anything this
+# does not take (or whose values it finds not finite, its extras duplicated, its rank at odds with the prefix) goes
+# through the full parse, which names the problem; tests/deploy/test_parity_properties.py checks the two agree.
+_NUM = r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+_FAST_PARITY_RE = re.compile(
+    rf"(?:{_JOURNAL_PREFIX})?(?:{_SGLANG_PREFIX})?\[kdtree\] L(?P<layer>0|[1-9][0-9]{{0,5}}) "
+    rf"max_abs_diff=(?P<a>{_NUM}) mean=(?P<m>{_NUM}) rel=(?P<r>{_NUM}) tp=(?P<tp>0|[1-9][0-9]{{0,3}})"
+    r"(?: token=(?P<token>[A-Za-z0-9_-]{8,128}))?(?P<extra>(?: [A-Za-z_][A-Za-z0-9_]*=[!-~]+)*)",
+    re.ASCII,
+)
 PARITY_KEYS = ("max_abs_diff", "mean", "rel")
 RANK_KEY = "tp"
 TOKEN_KEY = "token"
@@ -206,7 +216,7 @@ class ParityLine:
 
     @property
     def finite(self) -> bool:
-        return all(math.isfinite(v) for v in (self.max_abs_diff, self.mean, self.rel))
+        return math.isfinite(self.max_abs_diff) and math.isfinite(self.mean) and math.isfinite(self.rel)
 
     @property
     def layer_label(self) -> str:
@@ -306,6 +316,9 @@ def parse_line(line: str) -> KdtreeLine | None:
     raw = line[:-1] if line.endswith("\n") else line
     if MARKER not in raw:
         return None
+    fast = _fast_parity(raw)
+    if fast is not None:
+        return fast
     m = _PREFIXED_MARKER_RE.match(raw)
     if m is None:
         return None
@@ -338,6 +351,41 @@ def parse_line(line: str) -> KdtreeLine | None:
         token = fields.get(TOKEN_KEY)
         return _malformed(raw, prefix_rank, problems, token if token and TOKEN_RE.fullmatch(token) else None)
     return _parity(raw, prefix_rank, int(layer.group(1)), fields, problems)
+
+
+_KNOWN_PARITY_KEYS = frozenset((*PARITY_KEYS, RANK_KEY, TOKEN_KEY))
+
+
+def _fast_parity(raw: str) -> ParityLine | None:
+    """A well-formed parity line in the backend's field order, or None (then the full parse decides)."""
+    m = _FAST_PARITY_RE.fullmatch(raw)
+    if m is None or (
+        len(raw) > MAX_MESSAGE_CHARS and len(raw) - m.start("layer") + len(MARKER) + 2 > MAX_MESSAGE_CHARS
+    ):
+        return None
+    layer, a_text, m_text, r_text, tp, token, text, parts = m.group(
+        "layer", "a", "m", "r", "tp", "token", "extra", "parts"
+    )
+    a, mean, rel = float(a_text), float(m_text), float(r_text)
+    if a + mean + rel == math.inf:  # an exponent past the float range: the full parse names it
+        return None
+    rank = int(tp)
+    if parts and _prefix_rank(parts) not in (None, rank):
+        return None
+    extra: dict[str, str] = {}
+    if text:
+        for word in text[1:].split(" "):
+            key, _, value = word.partition("=")
+            if key in extra or key in _KNOWN_PARITY_KEYS:
+                return None
+            extra[key] = value
+    # The frozen dataclass's __init__ sets each field through object.__setattr__ (2-3 us a line, a third of a
+    # line's whole cost in a long journal); the fields are the same, set at once.
+    line = object.__new__(ParityLine)
+    line.__dict__.update(
+        layer=int(layer), max_abs_diff=a, mean=mean, rel=rel, rank=rank, extra=extra, raw=raw, token=token, problems=()
+    )
+    return line
 
 
 def _parity(raw: str, prefix_rank: int | None, layer: int, fields: dict[str, str], problems: list[str]) -> ParityLine:

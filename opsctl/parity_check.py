@@ -26,9 +26,10 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from .errors import GateFailed, UsageError
-from .gate import GateState, Judgement, LineVerdict, Verdict, judge, judge_record
+from .gate import GateState, Judgement, LineVerdict, Verdict, judge, line_reason
 from .inventory import GateSettings
 from .journal import message_text
 from .parity import MARKER, ParityLine, malformed_line, parse_line
@@ -43,9 +44,8 @@ class InputFormat(StrEnum):
     JSON = "json"  # journalctl -o json / json-seq / json-sse, or `opsctl logs --json`
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One journal entry as the gate would see it."""
+class Entry(NamedTuple):
+    """One journal entry as the gate would see it (a tuple: one is made for every marked line)."""
 
     number: int  # 1-based line number in the input
     message: str  # a text line as printed (prefixes included), or a JSON entry's MESSAGE
@@ -68,7 +68,11 @@ _VERBOSE_RE = re.compile(rb"[A-Z][a-z]{2} [0-9-]+ [0-9:.]+ \S+ \[s=[0-9a-f]+;i="
 
 
 def _text_boundary(line: str) -> bool:
-    return LAUNCH_START in line or _SYSTEMD_TEXT_RE.match(line) is not None or _BOOT_RE.fullmatch(line) is not None
+    if LAUNCH_START in line:
+        return True
+    if "systemd[1]: Start" in line:
+        return _SYSTEMD_TEXT_RE.match(line) is not None
+    return line.startswith("-- ") and _BOOT_RE.fullmatch(line) is not None
 
 
 class JournalReader:
@@ -94,33 +98,55 @@ class JournalReader:
             return InputFormat.JSON
         return InputFormat.TEXT
 
-    def entries(self, lines: Iterable[bytes]) -> Iterator[Entry]:
-        """Each input line (without its ``\\n``) as an entry; blank lines are skipped."""
-        for raw in lines:
-            self.lines += 1
-            if b"\x00" in raw:
+    def read(self, blocks: Iterable[bytes]) -> Iterator[Entry]:
+        """The input, in blocks of any size, as entries: in text, only the lines that matter (those holding the
+        marker, and restart boundaries; the others are counted); in JSON, every entry."""
+        for chunk in complete_lines(blocks):
+            nul = chunk.find(b"\x00")
+            if nul >= 0:
+                number = self.lines + chunk.count(b"\n", 0, nul) + 1
                 raise UsageError(
-                    f"{self.source}: line {self.lines}: a NUL byte: this is binary, not journal text "
-                    "(give journalctl's output: -o short-iso or -o json)"
+                    f"{self.source}: line {number}: a NUL byte: this is binary, "
+                    "not journal text (give journalctl's output: -o short-iso or -o json)"
                 )
             if self.format is None:
-                if not raw.strip():
-                    continue
-                if not _looks_like_text(raw):
+                self._detect_in(chunk)
+            lines = chunk.decode("utf-8", "replace").split("\n")  # as the live gate decodes a byte-array MESSAGE
+            base = self.lines
+            self.lines += len(lines)
+            if self.format is InputFormat.JSON:
+                for number, line in enumerate(lines, base + 1):
+                    entry = self._json_entry(line, number)
+                    if entry is not None:
+                        yield entry
+                continue
+            for number, line in enumerate(lines, base + 1):
+                if MARKER in line:
+                    yield Entry(number, line)
+                elif (LAUNCH_START in line or "systemd[1]: Start" in line or line.startswith("-- ")) and (
+                    _text_boundary(line)
+                ):
+                    yield Entry(number, line, boundary=True)
+
+    def _detect_in(self, chunk: bytes) -> None:
+        """The format, from the first line that is not blank (none yet: decided by a later chunk)."""
+        offset = 0
+        while offset <= len(chunk):
+            end = chunk.find(b"\n", offset)
+            end = len(chunk) if end < 0 else end
+            line = chunk[offset:end]
+            if line.strip():
+                if not _looks_like_text(line):
+                    number = self.lines + chunk.count(b"\n", 0, offset) + 1
                     raise UsageError(
-                        f"{self.source}: line {self.lines} is not UTF-8 text (binary?): "
+                        f"{self.source}: line {number} is not UTF-8 text (binary?): "
                         "give journalctl's output (-o short-iso or -o json)"
                     )
-                self.format = self._detect(raw)
-            text = raw.decode("utf-8", "replace")  # as the live gate decodes a byte-array MESSAGE
-            if self.format is InputFormat.JSON:
-                entry = self._json_entry(text)
-                if entry is not None:
-                    yield entry
-            elif text.strip():
-                yield Entry(self.lines, text, boundary=_text_boundary(text))
+                self.format = self._detect(line)
+                return
+            offset = end + 1
 
-    def _json_entry(self, text: str) -> Entry | None:
+    def _json_entry(self, text: str, number: int) -> Entry | None:
         body = text.lstrip("\x1e").strip()
         if body.startswith("data: "):
             body = body[6:]
@@ -133,7 +159,7 @@ class JournalReader:
         if not isinstance(doc, dict):
             # Not an entry (cut, or not JSON): judged as text, and a marked one is malformed (see _Checker.feed).
             self.unreadable += 1
-            return Entry(self.lines, text, unreadable=True)
+            return Entry(number, text, unreadable=True)
         message = message_text(doc["MESSAGE"] if "MESSAGE" in doc else doc.get("message"))  # journalctl; logs
         invocation = str(doc.get("_SYSTEMD_INVOCATION_ID") or doc.get("invocation") or "")
         boundary = bool(invocation and self._invocation and invocation != self._invocation)
@@ -143,7 +169,53 @@ class JournalReader:
         boundary = (
             boundary or LAUNCH_START in message or (from_systemd and message.startswith(("Starting ", "Started ")))
         )
-        return Entry(self.lines, message, invocation, boundary)
+        return Entry(number, message, invocation, boundary)
+
+
+BLOCK_BYTES = 1 << 22  # read at a time; a line longer than this is cut (its start judged, its rest searched)
+_TOKEN_IN_TAIL = re.compile(rb"token=([A-Za-z0-9_-]{8,128})")
+
+
+def complete_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
+    """Blocks of input -> chunks of whole lines (split on ``\\n`` only, the chunk's last ``\\n`` dropped). A line
+    longer than BLOCK_BYTES comes as a chunk of its own: its start plus a note naming the tokens in the rest, so
+    memory stays bounded and a token at the end of a huge line still makes it one the invocation printed."""
+    pending = b""
+    cut: tuple[bytes, int, set[bytes], bytes] | None = None  # head, bytes skipped, tokens seen, overlap
+    for block in blocks:
+        if cut is not None:
+            head, skipped, tokens, overlap = cut
+            newline = block.find(b"\n")
+            part = block if newline < 0 else block[:newline]
+            window = overlap + part
+            if len(tokens) < 16:
+                tokens.update(_TOKEN_IN_TAIL.findall(window))
+            skipped += len(part)
+            if newline < 0:
+                cut = (head, skipped, tokens, window[-140:])
+                continue
+            yield _cut_line(head, skipped, tokens)
+            cut, block = None, block[newline + 1 :]
+        data = pending + block if pending else block
+        last = data.rfind(b"\n")
+        if last >= 0:
+            yield data[:last]
+            data = data[last + 1 :]
+        if len(data) > BLOCK_BYTES:
+            head, rest = data[:BLOCK_BYTES], data[BLOCK_BYTES:]
+            tokens = set(_TOKEN_IN_TAIL.findall(data[BLOCK_BYTES - 140 :]))
+            cut, pending = (head, len(rest), tokens, data[-140:]), b""
+        else:
+            pending = data
+    if cut is not None:
+        yield _cut_line(*cut[:3])
+    elif pending:
+        yield pending
+
+
+def _cut_line(head: bytes, skipped: int, tokens: set[bytes]) -> bytes:
+    seen = b"".join(b" token=" + t for t in sorted(tokens)[:16])
+    return head + b" [cut: " + str(skipped).encode() + b" more bytes" + (b";" + seen if seen else b"") + b"]"
 
 
 def _looks_like_text(first: bytes) -> bool:
@@ -199,24 +271,38 @@ class Invocation:
         return self.state.verdict
 
     def add(self, number: int, j: Judgement) -> None:
+        """Count one judged message (a parity line, or the marker inside another message)."""
+        self._count(number, j.verdict, j.line, j.after_decision, j)
+
+    def add_line(self, number: int, line: ParityLine, verdict: LineVerdict, after_decision: bool) -> None:
+        """Count one parity line fed to this invocation's gate; its reason in words is made only if it is listed."""
+        self._count(number, verdict, line, after_decision, None)
+
+    def _count(
+        self, number: int, verdict: LineVerdict, line: ParityLine | None, late: bool, j: Judgement | None
+    ) -> None:
         self.last_line = number
-        if j.line is not None:
+        if line is not None:
             self.parity_lines += 1
-        if j.verdict is LineVerdict.IGNORED:
+        if verdict is LineVerdict.IGNORED:
             self.ignored += 1
-            if self._ignored_listed < MAX_LISTED_IGNORED:
-                self._ignored_listed += 1
-                self.lines.append(CheckedLine(number, j))
-        elif j.after_decision:
-            self.late[j.verdict] += 1
-            if j.verdict is LineVerdict.FAIL and self._late_listed < MAX_LISTED_LATE:
-                self._late_listed += 1
-                self.lines.append(CheckedLine(number, j))
+            if self._ignored_listed >= MAX_LISTED_IGNORED:
+                return
+            self._ignored_listed += 1
+        elif late:
+            self.late[verdict] += 1
+            if verdict is not LineVerdict.FAIL or self._late_listed >= MAX_LISTED_LATE:
+                return
+            self._late_listed += 1
         elif self._counted_listed < MAX_LISTED:
             self._counted_listed += 1
-            self.lines.append(CheckedLine(number, j))
         else:
             self.counted_unlisted += 1
+            return
+        if j is None:
+            assert line is not None
+            j = Judgement(verdict, line_reason(self.state, line, verdict), line.raw, line, after_decision=late)
+        self.lines.append(CheckedLine(number, j))
 
     def absorb(self, other: Invocation) -> None:
         """``other`` is this one's continuation (the same token after a restart boundary: an automatic restart
@@ -342,26 +428,26 @@ class _Checker:
         return cur  # the same token, or a line without one inside a token's run (ignored there)
 
     def feed(self, entry: Entry) -> None:
-        rec = parse_line(entry.message) if MARKER in entry.message else None
+        number, message = entry.number, entry.message
+        marked = MARKER in message
+        rec = parse_line(message) if marked else None
+        if rec is None and marked and entry.unreadable:
+            rec = malformed_line(message, "a JSON line that does not parse")
         cur = self.current
         if self.given is None:
             if entry.boundary and cur.parity_lines:
-                self._start_new(entry.number)
-                cur = self.current
+                cur = self._start_new(number)
             if isinstance(rec, ParityLine):
-                cur = self._place(rec.token, entry.number)
-        if entry.unreadable and rec is None and MARKER in entry.message:
-            rec = malformed_line(entry.message, "a JSON line that does not parse")
-        if rec is None:
-            j = judge(cur.state, entry.message, 0.0) if MARKER in entry.message else None
-        elif isinstance(rec, ParityLine):
-            j = judge_record(cur.state, rec, 0.0)
+                cur = self._place(rec.token, number)
+        if isinstance(rec, ParityLine):
+            decided = cur.state.decided
+            cur.add_line(number, rec, cur.state.feed(rec, 0.0), decided)  # judge_record's steps, reason on demand
+        elif rec is None and marked:
+            j = judge(cur.state, message, 0.0)  # the marker inside another message: IGNORED
+            if j is not None:
+                cur.add(number, j)
         else:
-            j = None
-        if j is None:
-            cur.last_line = entry.number
-            return
-        cur.add(entry.number, j)
+            cur.last_line = number
 
     def finish(self) -> tuple[Invocation, list[dict[str, object]]]:
         for inv in [*self.done, self.current]:
@@ -390,9 +476,9 @@ def check_journal(
 ) -> ParityCheck:
     """Journal text (a string, split on ``\\n`` only, or its lines) -> the check. For tests and callers that hold
     the text; the CLI streams bytes through :class:`JournalReader` itself."""
-    lines = text.split("\n") if isinstance(text, str) else text
+    data = text if isinstance(text, str) else "\n".join(x.rstrip("\n") for x in text)
     reader = JournalReader(source)
-    result = check_entries(reader.entries(x.rstrip("\n").encode() for x in lines), settings, tp=tp, token=token)
+    result = check_entries(reader.read([data.encode()]), settings, tp=tp, token=token)
     result.input_lines, result.unreadable = reader.lines, reader.unreadable
     result.input_format = str(reader.format or InputFormat.TEXT)
     return result

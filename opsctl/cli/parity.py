@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import math
-import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, BinaryIO
 
@@ -18,7 +16,7 @@ from ..errors import GateFailed, UsageError
 from ..gate import LineVerdict
 from ..inventory import GateSettings
 from ..parity import TOKEN_RE as _TOKEN_RE
-from ..parity_check import InputFormat, JournalReader, ParityCheck, check_entries
+from ..parity_check import BLOCK_BYTES, InputFormat, JournalReader, ParityCheck, check_entries
 from . import common
 
 STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "IGNORED": "dim", "NODATA": "red"}
@@ -26,38 +24,6 @@ STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "IG
 app = typer.Typer(
     help="Parity lines outside a deploy: check a journal offline, replay stored captures.", no_args_is_help=True
 )
-
-
-# A line longer than this is not held whole: its start is judged (a marked one is over the length limit, so
-# malformed) and the rest is only searched for the token, so a huge line cannot exhaust memory.
-MAX_LINE_BYTES = 1 << 20
-_TOKEN_IN_TAIL = re.compile(rb"token=([A-Za-z0-9_-]{8,128})")
-
-
-def _lines(stream: BinaryIO) -> Iterator[bytes]:
-    """The input split on ``\\n`` only, as the live gate's journal entries are (never on ``\\r``, U+2028, ...).
-    A line over MAX_LINE_BYTES comes back as its start plus a note naming the tokens found in the rest."""
-    while True:
-        line = stream.readline(MAX_LINE_BYTES)
-        if not line:
-            return
-        if line.endswith(b"\n") or len(line) < MAX_LINE_BYTES:
-            yield line.rstrip(b"\n")
-            continue
-        rest, tokens, tail = 0, set[bytes](), line[-140:]
-        while True:
-            chunk = stream.readline(MAX_LINE_BYTES)
-            if not chunk:
-                break
-            rest += len(chunk)
-            window = tail + chunk
-            if len(tokens) < 16:
-                tokens.update(_TOKEN_IN_TAIL.findall(window))
-            tail = window[-140:]
-            if chunk.endswith(b"\n"):
-                break
-        note = b" ".join(b"token=" + t for t in sorted(tokens)[:16])
-        yield line + b" [cut: " + str(rest).encode() + b" more bytes" + (b"; " + note if note else b"") + b"]"
 
 
 def _open(source: str) -> BinaryIO:
@@ -209,7 +175,8 @@ def check(
     reader = JournalReader("stdin" if source == "-" else source)
     stream = _open(source)
     try:
-        result = check_entries(reader.entries(_lines(stream)), settings, tp=tp or host_tp, token=token)
+        blocks = iter(lambda: stream.read(BLOCK_BYTES), b"")
+        result = check_entries(reader.read(blocks), settings, tp=tp or host_tp, token=token)
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
