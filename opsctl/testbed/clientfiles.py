@@ -17,7 +17,8 @@ def ensure_client_key(tb: Layout) -> None:
 
 
 def inventory_text(testbed: Layout, ports: dict[str, int]) -> str:
-    """The testbed's inventory.yaml. Short gate deadlines: the replay service prints parity lines at once."""
+    """The testbed's inventory.yaml. The unit runs the CPU stand-in for SGLang with a 3 s model-load delay; the
+    gate's probe drives its verify traffic, so short gate deadlines are enough."""
     lines = [
         f"# Written by `opsctl testbed up` for the hosts under {testbed.state_dir}. Regenerated on every up.",
         "default: local   # the host of a command given none (opsctl status, opsctl logs --grep shapes)",
@@ -41,9 +42,10 @@ def inventory_text(testbed: Layout, ports: dict[str, int]) -> str:
         "  health:",
         f"    disk_warn_mb: {DISK_MB // 8}   # the hosts' /root is {DISK_MB} MB, far below production's warning level",
         "  service:",
-        "    mode: replay",
+        "    mode: standin                  # kdtree_backend.serve: SGLang's HTTP API, the real verify path on CPU",
+        '    standin_args: ["--load-delay", "3"]   # seconds of "model load" before /health answers 200',
         "    python: /usr/bin/python3",
-        "    tp: 2                          # the replay stands in for 2 TP ranks: the gate needs each one",
+        "    tp: 2                          # the stand-in serves as 2 TP ranks: the gate needs each one",
         "hosts:",
     ]
     names = sorted(ports, key=host_index)

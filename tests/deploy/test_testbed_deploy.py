@@ -74,10 +74,9 @@ class Recorder:
 
 
 def fast(host: HostConfig) -> HostConfig:
-    """The testbed host with a replay service that prints often and a short gate."""
-    svc = host.service.model_copy(update={"replay_args": ["--interval", "0.25"]})
+    """The testbed host (its stand-in server for SGLang, driven by the gate's probe) with a short gate."""
     gate = host.gate.model_copy(update={"deadline_s": GATE_S, "poll_interval_s": 0.5, "max_restarts": 2})
-    return host.model_copy(update={"service": svc, "gate": gate})
+    return host.model_copy(update={"gate": gate})
 
 
 def state(host: HostConfig) -> tuple[hs.HostSnapshot, list[dict[str, Any]]]:
@@ -426,14 +425,16 @@ def test_rollback_with_nothing_to_roll_back_to(local: HostConfig, good_tree: Pat
 
 @pytest.fixture
 def hand_made(local: HostConfig, good_tree: Path) -> Iterator[HostConfig]:
-    """`local` with a hand-rsynced install and a hand-edited unit, like ct200 before opsctl."""
+    """`local` with a hand-rsynced install and a hand-edited unit, like ct200 before opsctl (serving on the
+    inventory's port, so the gate's probe reaches it as it reaches SGLang)."""
     reset_host(local)
     ext = f"{local.root}/sglang_ext"
     unit = (
         "[Unit]\nDescription=hand-made kdtree service\n[Service]\n"
         f"Environment=PYTHONPATH={ext}/kernel:{ext}/backend\nEnvironment=PYTHONUNBUFFERED=1\n"
         f"Environment=KDTREE_CONFIG={ext}/deploy/kdtree.json\nWorkingDirectory={ext}\n"
-        f"ExecStart=/usr/bin/python3 -m kdtree_backend.replay --steps 0 --interval 0.25 --tp-size {local.service.tp}\n"
+        f"ExecStart=/usr/bin/python3 -m kdtree_backend.serve --port {local.service.port} "
+        f"--tp-size {local.service.tp} --load-delay 1\n"
         "[Install]\nWantedBy=multi-user.target\n"
     )
     with connect(local) as r:

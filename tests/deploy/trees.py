@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 import os
-import re
 from pathlib import Path
 
 from opsctl.testbed import variants
@@ -23,31 +23,28 @@ def classic_bug(dest: Path, tag: str = "classic-bug") -> Path:
     return variants.seed_bug(SOURCE, dest, tag)
 
 
-_SERVICE_MODE = "import sys as _s\n_service = '--steps' in _s.argv and _s.argv[_s.argv.index('--steps') + 1] == '0'\n"
-
-
-def _prepend_to_replay(tree: Path, code: str) -> None:
-    replay = tree / "backend" / "kdtree_backend" / "replay.py"
-    text = replay.read_text()
-    # After a module docstring / __future__ import, so the file stays valid Python.
-    m = re.search(r"^from __future__ import annotations\n", text, re.M)
-    at = m.end() if m else 0
-    replay.write_text(text[:at] + _SERVICE_MODE + code + text[at:])
-
-
-def crash_loop(dest: Path, tag: str = "crash-loop") -> Path:
-    """The service process dies at start (the one-shot pre-restart parity run still works)."""
-    tree = copy_tree(dest, tag)
-    _prepend_to_replay(
-        tree, "if _service:\n    print('simulated crash at start', flush=True)\n    raise SystemExit(1)\n"
-    )
+def with_standin(tree: Path, **standin: object) -> Path:
+    """Set keys of the ``standin`` section of the tree's deploy/kdtree.json (the testbed unit's stand-in server:
+    ``fault``, ``load_delay_s``; docs/testbed.md). The pre-restart check runs the replay, which ignores them."""
+    config = tree / "deploy" / "kdtree.json"
+    data = json.loads(config.read_text())
+    data.setdefault("standin", {}).update(standin)
+    config.write_text(json.dumps(data, indent=2) + "\n")
     return tree
 
 
+def crash_loop(dest: Path, tag: str = "crash-loop") -> Path:
+    """The service process dies when its model has loaded, at every start (the pre-restart check still works)."""
+    return with_standin(copy_tree(dest, tag), fault="crash-at-load")
+
+
 def silent(dest: Path) -> Path:
-    """The service runs but never prints a parity line (e.g. parity mode off or a hang in model load)."""
+    """The service runs and answers requests but never prints a parity line (parity mode off)."""
     tree = copy_tree(dest, "silent")
-    _prepend_to_replay(tree, "if _service:\n    import time as _t\n    while True:\n        _t.sleep(3600)\n")
+    config = tree / "deploy" / "kdtree.json"
+    data = json.loads(config.read_text())
+    data["parity"]["enabled"] = False
+    config.write_text(json.dumps(data, indent=2) + "\n")
     return tree
 
 

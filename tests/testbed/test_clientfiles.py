@@ -17,7 +17,12 @@ def test_inventory_text_is_a_valid_inventory(tmp_path: Path) -> None:
     tb1 = inv.hosts["tb1"]
     assert (tb1.address, tb1.port, tb1.user) == ("127.0.0.1", 2301, "root")
     assert tb1.identity_file == str(tb.client_key) and tb1.known_hosts == str(tb.known_hosts)
-    assert tb1.gpu_arch is None and tb1.service.mode == "replay" and tb1.service.python == "/usr/bin/python3"
+    assert (
+        tb1.gpu_arch is None
+        and tb1.service.mode == "standin"
+        and tb1.service.standin_args == ["--load-delay", "3"]
+        and tb1.service.python == "/usr/bin/python3"
+    )
     assert tb1.root == "/root/kdtree-engine" and tb1.unit == "sglang-k26-ddtree"
     assert tb1.gate.deadline_s == 60 and tb1.gate.poll_interval_s == 1 and tb1.gate.consecutive_passes == 3
     assert len({h.service.port for h in inv.hosts.values()}) == 3  # one service port per host: shared network
