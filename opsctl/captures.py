@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import hoststate
 from .errors import OpsError, UsageError
 from .gate import GateState, Judgement, LineVerdict, Verdict, judge
 from .host import captures as host_captures
@@ -206,6 +207,39 @@ class Listing:
             return None
         return str(req["id"])
 
+    @property
+    def request_state(self) -> RequestState | None:
+        """The request file, whatever it holds (armed, expired, or unreadable): None only when there is none."""
+        req = self.request
+        if req is None:
+            return None
+        ident = req.get("id") if isinstance(req.get("id"), str) else None
+        expires = req.get("expires_at")
+        remaining = float(expires) - self.now if isinstance(expires, int | float) else None
+        state = "armed" if self.armed_id else ("expired" if ident and remaining is not None else "unreadable")
+        return RequestState(id=ident, state=state, expires_in_s=remaining)
+
+
+@dataclass(frozen=True)
+class RequestState:
+    """The request file as every view shows it: ``armed`` (the service takes it on its next verify steps),
+    ``expired`` (left behind; ``captures --prune`` removes it) or ``unreadable``."""
+
+    id: str | None
+    state: str
+    expires_in_s: float | None
+
+    def text(self) -> str:
+        if self.state == "armed":
+            return f"capture {self.id} is armed (expires in {_duration(self.expires_in_s or 0)})"
+        if self.state == "expired":
+            return f"a capture request {self.id} is left behind, expired {_duration(-(self.expires_in_s or 0))} ago"
+        return "an unreadable capture request file is left behind"
+
+    def to_json(self) -> dict[str, Any]:
+        remaining = None if self.expires_in_s is None else round(self.expires_in_s, 1)
+        return {"id": self.id, "state": self.state, "expires_in_s": remaining}
+
 
 def _num(doc: Mapping[str, Any], key: str, default: float = 0) -> float:
     value = doc.get(key, default)
@@ -362,6 +396,23 @@ def arm(
 def disarm(r: Remote, host: HostConfig, capture_id: str) -> None:
     """Remove the request file if it still names ``capture_id`` (a newer request is left alone)."""
     r.run(host_captures.disarm_command(capture_dir(host), capture_id), timeout=60)
+
+
+def arm_refusal(host: HostConfig, *, managed: bool, current: str | None, active_state: str) -> str | None:
+    """Why a capture must not be armed on ``host`` (None: it may). Only a running service of a release opsctl
+    deployed takes a request; armed anywhere else, it would lie there until the first deploy's service took it
+    by surprise. Pure."""
+    if not managed or current is None:
+        return (
+            f"{host.name}: no release deployed by opsctl (nothing under {host.root}/current): no service would "
+            f"take the capture; deploy first (`opsctl deploy {host.name}`)"
+        )
+    if active_state != "active":
+        return (
+            f"{host.name}: {host.unit} is {active_state or 'unknown'}, not running: nothing would take the capture "
+            f"until its next start; start it (`opsctl service {host.name} start`) or deploy, then capture"
+        )
+    return None
 
 
 def wait_for(
@@ -555,11 +606,15 @@ def take_capture(
     from .ssh import connect  # the SSH layer pulls in paramiko; the pure parts above do not need it
 
     with connect(host) as r:
+        snap = hoststate.read_snapshot(r, host.root, host.unit)
+        refusal = arm_refusal(host, managed=snap.is_managed, current=snap.current, active_state=snap.unit.active_state)
+        if refusal:
+            raise UsageError(refusal)
         before = read_listing(r, host)
         if before.armed_id:
             raise UsageError(
                 f"{host.name}: capture {before.armed_id} is armed already (expires on its own); wait for it, "
-                f"or remove {capture_dir(host)}/{REQUEST_FILE} on the host"
+                f"or remove it with `opsctl captures {host.name} --disarm`"
             )
         pruned = prune_plan(before, PruneLimits())
         prune(r, host, [ident for ident, _ in pruned])
@@ -572,8 +627,25 @@ def take_capture(
     return CaptureRun(pruned, request, result, time.monotonic() - started)
 
 
-def list_captures(host: HostConfig, limits: PruneLimits | None) -> tuple[Listing, list[tuple[str, str]]]:
-    """What is stored, and (with ``limits``) the captures removed by the prune plan."""
+@dataclass(frozen=True)
+class ListRun:
+    listing: Listing  # as found, before anything was removed
+    pruned: list[tuple[str, str]]  # (capture id, why) removed by the prune plan
+    removed_request: RequestState | None  # the request file removed (--prune: an expired one; --disarm: any)
+
+
+def request_to_remove(listing: Listing, *, prune: bool, disarm: bool) -> RequestState | None:
+    """The request file ``captures`` removes: any with ``disarm``; with ``prune`` one that can no longer be
+    taken (expired or unreadable), so it is never left for a later service to find. Pure."""
+    req = listing.request_state
+    if req is None or not (disarm or (prune and req.state != "armed")):
+        return None
+    return req
+
+
+def list_captures(host: HostConfig, limits: PruneLimits | None, *, disarm: bool = False) -> ListRun:
+    """What is stored; with ``limits`` the captures removed by the prune plan (and a dead request file); with
+    ``disarm`` the request file removed whatever it names."""
     from .ssh import connect
 
     with connect(host) as r:
@@ -581,7 +653,10 @@ def list_captures(host: HostConfig, limits: PruneLimits | None) -> tuple[Listing
         doomed = prune_plan(listing, limits) if limits is not None else []
         if doomed:
             prune(r, host, [ident for ident, _ in doomed])
-    return listing, doomed
+        removed = request_to_remove(listing, prune=limits is not None, disarm=disarm)
+        if removed is not None:
+            r.run(host_captures.remove_request_command(capture_dir(host)), timeout=60)
+    return ListRun(listing, doomed, removed)
 
 
 @dataclass(frozen=True)

@@ -175,21 +175,28 @@ def captures(
         float | None,
         typer.Option("--max-age-days", min=0, help=f"Older captures go (default {cap.DEFAULT_MAX_AGE_S // 86400})."),
     ] = None,
+    disarm: Annotated[
+        bool, typer.Option("--disarm", help="Remove the capture request file (armed or not) from HOST.")
+    ] = False,
     inventory: common.InventoryOption = None,
     json_out: common.JsonOption = False,
 ) -> None:
-    """List the captures stored on HOST (age, release, size); with --prune remove old ones."""
+    """List the captures stored on HOST (age, release, size) and its capture request, armed or left behind; with
+    --prune remove old ones (and an expired request), with --disarm the request."""
     hc = common.pick_host(common.inventory(inventory), host, "captures")
     limits = _limits(keep, keep_mb, max_age_days)
-    listing, doomed = cap.list_captures(hc, limits if prune else None)
+    run = cap.list_captures(hc, limits if prune else None, disarm=disarm)
+    listing, doomed, removed = run.listing, run.pruned, run.removed_request
     gone = {ident for ident, _ in doomed}
     remaining = [s for s in listing.sets if s.id not in gone]
+    request = listing.request_state
     if json_out:
         common.emit_json(
             {
                 "host": hc.name,
                 "directory": listing.directory,
-                "armed": listing.armed_id,
+                "armed": None if removed else listing.armed_id,
+                "request": None if request is None else {**request.to_json(), "removed": removed is not None},
                 "captures": [s.to_json(listing.now) for s in remaining],
                 "pruned": [{"id": i, "why": w} for i, w in doomed],
             }
@@ -197,6 +204,12 @@ def captures(
         return
     for ident, why in doomed:
         common.out.print(f"pruned {ident} ({escape(why)})", soft_wrap=True)
+    if request is not None and removed is not None:
+        common.out.print(f"{hc.name}: removed the request file: {escape(request.text())}", soft_wrap=True)
+    elif request is not None:
+        hint = "--disarm removes it" if request.state == "armed" else "--prune removes it"
+        style = "yellow" if request.state == "armed" else "red"
+        common.out.print(f"[{style}]{hc.name}: {escape(request.text())}[/] ({hint})", soft_wrap=True)
     if not remaining:
         common.out.print(f"{hc.name}: no captures in {listing.directory or cap.capture_dir(hc)}")
         return
@@ -204,7 +217,11 @@ def captures(
     for col in ("capture", "age", "release", "TP ranks done", "calls", "layers", "size", "state"):
         table.add_column(col)
     for s in sorted(remaining, key=lambda s: s.created, reverse=True):
-        state = "armed" if s.id == listing.armed_id else ("complete" if s.complete(hc.service.tp) else "incomplete")
+        state = (
+            "armed"
+            if s.id == listing.armed_id and removed is None
+            else ("complete" if s.complete(hc.service.tp) else "incomplete")
+        )
         if s.partial:
             state += f" ({s.partial} writing)"
         table.add_row(

@@ -87,6 +87,11 @@ def disarm_command(directory: str, capture_id: str) -> str:
     return f"if grep -qF {shlex.quote(check_capture_id(capture_id))} {path} 2>/dev/null; then rm -f -- {path}; fi"
 
 
+def remove_request_command(directory: str) -> str:
+    """Remove the request file, whatever it names (``captures --disarm``, or an expired one on --prune)."""
+    return f"rm -f -- {shlex.quote(f'{directory}/{REQUEST_FILE}')}"
+
+
 def prune_command(directory: str, ids: Iterable[str]) -> str:
     """Remove those captures; anything that is not a capture id is refused before a command exists."""
     paths = [

@@ -150,6 +150,42 @@ def test_an_expired_request_is_not_armed() -> None:
     assert listing.armed_id is None
 
 
+def test_the_request_file_is_shown_whatever_it_holds() -> None:
+    def state(request: object) -> cap.RequestState | None:
+        return cap.Listing(now=100.0, directory="/d", request=request, sets=[]).request_state  # type: ignore[arg-type]
+
+    armed = state({"id": "c20260601T120005Z-a1b2c3", "expires_at": 700})
+    assert armed == cap.RequestState("c20260601T120005Z-a1b2c3", "armed", 600.0)
+    assert armed.text() == "capture c20260601T120005Z-a1b2c3 is armed (expires in 10m)"
+    expired = state({"id": "c20260601T120005Z-a1b2c3", "expires_at": 40})
+    assert expired is not None and expired.state == "expired" and "expired 60s ago" in expired.text()
+    assert state({"garbage": 1}) == cap.RequestState(None, "unreadable", None)
+    assert state(None) is None
+
+
+def test_prune_removes_a_dead_request_and_disarm_any() -> None:
+    def listing(expires_at: float) -> cap.Listing:
+        return cap.Listing(
+            now=100.0, directory="/d", request={"id": "c20260601T120005Z-a1b2c3", "expires_at": expires_at}, sets=[]
+        )
+
+    assert cap.request_to_remove(listing(40), prune=True, disarm=False) is not None  # expired: --prune clears it
+    assert cap.request_to_remove(listing(700), prune=True, disarm=False) is None  # armed: a capture under way
+    assert cap.request_to_remove(listing(700), prune=False, disarm=True) is not None
+    assert cap.request_to_remove(listing(40), prune=False, disarm=False) is None
+    empty = cap.Listing(now=100.0, directory="/d", request=None, sets=[])
+    assert cap.request_to_remove(empty, prune=True, disarm=True) is None
+
+
+def test_arming_is_refused_where_no_managed_unit_runs() -> None:
+    h = host()
+    virgin = cap.arm_refusal(h, managed=False, current=None, active_state="inactive")
+    assert virgin is not None and "no release deployed by opsctl" in virgin and "opsctl deploy" in virgin
+    stopped = cap.arm_refusal(h, managed=True, current="r0123456789ab", active_state="failed")
+    assert stopped is not None and "is failed, not running" in stopped
+    assert cap.arm_refusal(h, managed=True, current="r0123456789ab", active_state="active") is None
+
+
 # ---------------------------------------------------------------------------------------------- prune
 
 
