@@ -90,13 +90,22 @@ def capture(
         int, typer.Option("--steps", min=1, max=cap.MAX_STEPS, help="Verify steps to capture per TP rank.")
     ] = cap.DEFAULT_STEPS,
     max_mb: Annotated[
-        float, typer.Option("--max-mb", help="Most MB the capture may store (all TP ranks together).")
+        float,
+        typer.Option(
+            "--max-mb", parser=common.finite_float, help="Most MB the capture may store (all TP ranks together)."
+        ),
     ] = cap.DEFAULT_MAX_MB,
     ttl: Annotated[
-        float, typer.Option("--ttl", help="Seconds the request stays armed on the host (its clock).")
+        float,
+        typer.Option(
+            "--ttl", parser=common.finite_float, help="Seconds the request stays armed on the host (its clock)."
+        ),
     ] = cap.DEFAULT_TTL_S,
     timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Seconds to wait for every TP rank (default: --ttl).")
+        float | None,
+        typer.Option(
+            "--timeout", parser=common.finite_float, help="Seconds to wait for every TP rank (default: --ttl)."
+        ),
     ] = None,
     inventory: common.InventoryOption = None,
     json_out: common.JsonOption = False,
@@ -169,11 +178,16 @@ def captures(
         int | None, typer.Option("--keep", min=0, help=f"Captures to keep (default {cap.DEFAULT_KEEP}).")
     ] = None,
     keep_mb: Annotated[
-        float | None, typer.Option("--keep-mb", min=0, help=f"MB to keep in all (default {cap.DEFAULT_KEEP_MB}).")
+        float | None,
+        typer.Option("--keep-mb", parser=common.finite(0), help=f"MB to keep in all (default {cap.DEFAULT_KEEP_MB})."),
     ] = None,
     max_age_days: Annotated[
         float | None,
-        typer.Option("--max-age-days", min=0, help=f"Older captures go (default {cap.DEFAULT_MAX_AGE_S // 86400})."),
+        typer.Option(
+            "--max-age-days",
+            parser=common.finite(0),
+            help=f"Older captures go (default {cap.DEFAULT_MAX_AGE_S // 86400}).",
+        ),
     ] = None,
     disarm: Annotated[
         bool, typer.Option("--disarm", help="Remove the capture request file (armed or not) from HOST.")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import sys
 import traceback
@@ -70,6 +71,28 @@ AcceptNewHostKeyOption = Annotated[
         help="Accept and record host keys not yet in known_hosts (a changed key is still refused).",
     ),
 ]
+
+
+def finite(minimum: float | None = None) -> Callable[[str | float], float]:
+    """A parser for a number option that must be finite (and >= ``minimum``):
+    ``typer.Option(..., parser=common.finite(0))``. Click's FLOAT takes ``inf`` and ``nan``, which no threshold,
+    size or timeout means and JSON cannot carry (a parser replaces Click's type, so it also checks the bound)."""
+
+    def parse(value: str | float) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise typer.BadParameter(f"{value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise typer.BadParameter(f"{value!r}: must be a finite number")
+        if minimum is not None and number < minimum:
+            raise typer.BadParameter(f"{value!r}: must be >= {minimum:g}")
+        return number
+
+    return parse
+
+
+finite_float = finite()
 
 
 @dataclass

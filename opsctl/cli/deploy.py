@@ -280,7 +280,8 @@ def deploy_command(
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
     gate_timeout: Annotated[
-        float | None, typer.Option("--gate-timeout", help="gate deadline in seconds (default: inventory)")
+        float | None,
+        typer.Option("--gate-timeout", parser=common.finite(0), help="gate deadline in seconds (default: inventory)"),
     ] = None,
     force: Annotated[
         bool, typer.Option("--force", help="deploy even if this release is current or marked bad")
@@ -373,7 +374,8 @@ def restart_command(
         ),
     ] = False,
     gate_timeout: Annotated[
-        float | None, typer.Option("--gate-timeout", help="gate deadline in seconds (default: inventory)")
+        float | None,
+        typer.Option("--gate-timeout", parser=common.finite(0), help="gate deadline in seconds (default: inventory)"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
@@ -401,7 +403,8 @@ def rollback_command(
     force: Annotated[bool, typer.Option("--force", help="allow a release marked bad")] = False,
     no_gate: Annotated[bool, typer.Option("--no-gate", help="do not gate after the restart")] = False,
     gate_timeout: Annotated[
-        float | None, typer.Option("--gate-timeout", help="gate deadline in seconds (default: inventory)")
+        float | None,
+        typer.Option("--gate-timeout", parser=common.finite(0), help="gate deadline in seconds (default: inventory)"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     parallel: Annotated[bool, typer.Option("--parallel", help="group only: all hosts side by side")] = False,
