@@ -316,9 +316,11 @@ def parse_line(line: str) -> KdtreeLine | None:
     raw = line[:-1] if line.endswith("\n") else line
     if MARKER not in raw:
         return None
-    fast = _fast_parity(raw)
-    if fast is not None:
-        return fast
+    return _fast_parity(raw) or _parse_full(raw)
+
+
+def _parse_full(raw: str) -> KdtreeLine | None:
+    """The whole grammar, naming every problem (``parse_line`` without its fast path)."""
     m = _PREFIXED_MARKER_RE.match(raw)
     if m is None:
         return None

@@ -718,6 +718,14 @@ class _LogPrinter:
         if self.as_json:
             sys.stdout.write(json.dumps(_log_json(when, msg, rec, self.h), default=str) + "\n")
             sys.stdout.flush()
+        elif isinstance(rec, ParityLine) and not console.is_terminal:
+            # Piped: the entry as `journalctl -o short-iso` prints it, so `opsctl parity check -` reads it as the
+            # journal itself (the table below is for a terminal).
+            # A newline (never in a stdout line; possible from another writer) would make a second line out of
+            # the message's middle: U+FFFD keeps it one line, and a marked message with it stays malformed.
+            one_line = msg.replace("\n", "\ufffd")
+            when = _iso_time(doc.get("__REALTIME_TIMESTAMP"))
+            print(f"{when} {self.h.name} {self.h.unit}: {one_line}", flush=self.stream)
         elif isinstance(rec, ParityLine):
             if self.stream:
                 v = str(classify(rec, self.h.gate))
@@ -745,6 +753,13 @@ class _LogPrinter:
     def flush(self) -> None:
         if self.parity:
             console.print(_parity_table(self.parity, self.h, title="parity", times=self.parity_times))
+
+
+def _iso_time(us: Any) -> str:
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(int(us) / 1e6))
+    except (TypeError, ValueError):
+        return "1970-01-01T00:00:00+0000"
 
 
 def _fmt_time(us: Any) -> str:

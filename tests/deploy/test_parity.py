@@ -153,3 +153,147 @@ def test_a_malformed_line_names_its_problem(line: str, problem: str) -> None:
 def test_a_duplicated_rel_is_never_read_as_the_passing_value() -> None:
     rec = parse_line(GOOD.replace("rel=2.0e-03", "rel=0.9 rel=0.001"))
     assert isinstance(rec, ParityLine) and math.isnan(rec.rel)
+
+
+# ---------------------------------------------------------------------------------------------- fail closed (grammar)
+T = "feedc0de12345678"
+PASSING = [f"[kdtree] L{n} max_abs_diff=1.0e-03 mean=1.0e-04 rel=2.0e-03 tp=0 token={T}" for n in (0, 30, 60)]
+BAD_TAIL = "max_abs_diff=1.69 mean=0.12 rel=1.08 tp=0 token=" + T
+
+
+@pytest.mark.parametrize(
+    "head", ["L56:", "l56", "L 56", "L-56", "L56x", "L56\t", "L٥٦", "Ｌ56", "L056", "", "fallback:", "shapes:"]
+)
+def test_a_garbled_head_carrying_the_token_fails_the_gate(head: str) -> None:
+    """A marked line whose head is not exactly L<n> (or a known kind) is malformed, never "another kind": with the
+    token it fails the gate, even followed by passing lines (it used to be skipped, and the check passed)."""
+    from opsctl.gate import LineVerdict, Verdict
+    from opsctl.inventory import GateSettings
+    from opsctl.parity_check import check_journal
+
+    line = f"[kdtree] {head} {BAD_TAIL}" if head else f"[kdtree] {BAD_TAIL}"
+    rec = parse_line(line)
+    assert isinstance(rec, ParityLine) and rec.problems and not rec.finite, rec
+    check = check_journal([line, *PASSING], GateSettings(), tp=1, token=T)
+    assert check.verdict is Verdict.FAIL, check.state.reason
+    assert check.lines[0].judgement.verdict is LineVerdict.FAIL
+    # Without the token it is not this invocation's line: ignored, as a forgery is.
+    other = check_journal([line.replace(T, "0" * 16)], GateSettings(), tp=1, token=T)
+    assert other.judged.ignored == 1 and other.state.lines == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "what"),
+    [
+        ("+1e-3", "sign"),
+        ("1_0e-4", "underscore"),
+        ("٠.٠٠١", "Arabic-Indic digits"),
+        ("０.００１", "fullwidth digits"),
+        ("1e-3\x00", "NUL"),
+        ("1e-3\x1b[0m", "escape"),
+        ("0x1p-10", "hex float"),
+        (" 1e-3", "double space"),
+        ("1e-3 ", "trailing space"),
+        (".001", "no integer part"),
+        ("1.", "no fraction digits"),
+        ("Infinity", "word"),
+    ],
+)
+def test_only_the_backends_number_grammar_is_a_value(value: str, what: str) -> None:
+    line = GOOD.replace("rel=2.0e-03", f"rel={value}")
+    rec = parse_line(line)
+    assert isinstance(rec, ParityLine) and rec.problems, (what, rec)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        GOOD.replace("tp=0", "tp=٠"),
+        GOOD.replace("tp=0", "tp=+0"),
+        GOOD.replace("tp=0", "tp=00"),
+        GOOD.replace(" tp=0", "  tp=0"),
+        GOOD.replace(" tp=0", "\ttp=0"),
+        GOOD.replace("[kdtree] ", "[kdtree]  "),
+        GOOD.replace("[kdtree] ", "[kdtree]\t"),
+        GOOD + " ",
+        GOOD + "\r",
+        GOOD + "\u2028rel=0.9",
+        GOOD.replace("token=", "token=\u200b"),
+        GOOD + " note=" + "x" * 5000,
+    ],
+)
+def test_spacing_control_characters_and_length_are_part_of_the_grammar(line: str) -> None:
+    rec = parse_line(line)
+    assert isinstance(rec, ParityLine) and rec.problems, rec
+    assert rec.carries(T)  # the token is in it: the gate fails it rather than ignoring it
+
+
+def test_unknown_kind_and_malformed_shapes_or_fallback_are_malformed() -> None:
+    for line in (
+        f"[kdtree] backend ready token={T}",
+        "[kdtree] shapes q=(9, 8 576) kv_buf=(1, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=30 scale=0.1 mask=(270,)",
+        SHAPES.replace(" bs=1", ""),
+        SHAPES.replace("bs=1", "bs=-1"),
+        "[kdtree] fallback path=triton",
+        "[kdtree] fallback reason=fp8 kv",
+        "[kdtree]",
+        "[kdtree] ",
+    ):
+        rec = parse_line(line)
+        assert isinstance(rec, ParityLine) and rec.problems, line
+
+
+def test_a_huge_marked_line_parses_in_linear_time() -> None:
+    """The old field pattern rescanned the rest of the line at every 'key=(': 48 KB took seconds, 1 MB never ended."""
+    import time
+
+    for body in (" a=(" * 250_000, " x=(1, 2" * 100_000, " " + "k=v " * 200_000):
+        line = f"[kdtree] L0 max_abs_diff=0 mean=0 rel=0 tp=0 token={T}" + body
+        start = time.perf_counter()
+        rec = parse_line(line)
+        assert time.perf_counter() - start < 1.0
+        assert isinstance(rec, ParityLine) and any("longer than" in p for p in rec.problems)
+        assert rec.carries(T)
+
+
+def test_fast_and_full_parse_agree_on_the_examples() -> None:
+    from opsctl.parity import _fast_parity, _parse_full
+
+    for line in (GOOD, PARITY, SHAPES, GOOD + " mode=graph step=3", "[2026-05-31 13:04:12 TP0] " + GOOD):
+        fast = _fast_parity(line)
+        if fast is not None:
+            assert fast == _parse_full(line)
+
+
+# ---------------------------------------------------------------------------------- shapes: the classic bug, any bs
+def shapes(bs: int, q_len: int, kv_len_max: int, mask: int, tokens: int | None = None) -> ShapesLine:
+    t = bs * q_len if tokens is None else tokens
+    rec = parse_line(
+        f"[kdtree] shapes q=({t}, 8, 576) kv_buf=(4096, 576) bs={bs} q_len={q_len} Dl=512 Dr=64 "
+        f"kv_len_max={kv_len_max} scale=0.14468 mask=({mask},)"
+    )
+    assert isinstance(rec, ShapesLine)
+    return rec
+
+
+def test_the_testbeds_bug_line_at_bs2_is_flagged() -> None:
+    """bs=2, q_len=9, prefixes 64 and 64: the mask covers 9*(64+9)*2 = 1314 entries, the bug's keys only 64."""
+    d = shapes(2, 9, 64, 1314).decode()
+    assert d.warning is not None and "classic" in d.warning
+    assert shapes(2, 9, 73, 1314).decode().warning is None  # the same batch with correct keys
+
+
+@pytest.mark.parametrize("bs", [1, 2, 3, 4, 8, 64])
+def test_equal_prefixes_bug_is_flagged_at_every_batch_size(bs: int) -> None:
+    q_len, prefix = 9, 100
+    mask = bs * q_len * (prefix + q_len)
+    assert "classic" in (shapes(bs, q_len, prefix, mask).decode().warning or "")
+    assert shapes(bs, q_len, prefix + q_len, mask).decode().warning is None
+
+
+def test_what_the_line_cannot_tell_and_the_other_mismatches() -> None:
+    # bs=2, prefixes 100 and 10 with the bug: kv_len_max=100, mask 9*(109+19): a correct batch could show the same.
+    assert shapes(2, 9, 100, 9 * (109 + 19)).decode().warning is None
+    assert "at least" in (shapes(2, 9, 73, 9 * 50).decode().warning or "")  # rows shorter than the keys
+    assert "q_len" in (shapes(2, 9, 73, 1315).decode().warning or "")  # not whole rows
+    assert "query tokens" in (shapes(2, 9, 73, 1314, tokens=9).decode().warning or "")

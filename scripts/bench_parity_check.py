@@ -1,0 +1,193 @@
+"""Benchmark of `opsctl parity check` on a large journal (docs/bench/parity-check.md).
+
+Generates a journalctl -o short-iso journal of N lines (default 1,000,000, about 165 MB): 5 invocations of the
+unit (systemd's Starting/Started lines, the launcher's start line, a fresh token each), 8 TP ranks printing shapes,
+fallback and parity lines, SGLang's own log lines (about 25% of the lines not marked), served requests logged with
+a parity-looking text inside. Then runs `opsctl parity check` on it, text and --json output, each in a fresh
+process, and records the wall time, the peak resident memory (the child's ru_maxrss, from os.wait4) and the
+output's size.
+
+    .venv/bin/python scripts/bench_parity_check.py                      # writes docs/bench/parity-check.{json,md}
+    .venv/bin/python scripts/bench_parity_check.py --code /tmp/old      # time another checkout's opsctl (before)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RANKS = 8
+LAYERS = (0, 30, 60)
+
+
+def generate(path: Path, lines: int, *, invocations: int = 5, seed: int = 0) -> dict[str, object]:
+    """The journal; returns what it holds (the last invocation's token, line counts by kind)."""
+    rnd = random.Random(seed)
+    counts = {"parity": 0, "shapes": 0, "fallback": 0, "misplaced": 0, "other": 0, "systemd": 0}
+    per = lines // invocations
+    t0 = 1_780_000_000
+    token = ""
+    written = 0
+    with path.open("w", encoding="utf-8", newline="\n") as f:
+
+        def emit(t: int, ident: str, message: str) -> None:
+            nonlocal written
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S+0000", time.gmtime(t))
+            f.write(f"{stamp} ct200 {ident}: {message}\n")
+            written += 1
+
+        for inv in range(invocations):
+            token = f"{rnd.getrandbits(128):032x}"
+            t = t0 + inv * 3600
+            pid = 20000 + inv
+            py = f"python[{pid}]"
+            emit(t, "systemd[1]", "Starting sglang-k26-ddtree.service - SGLang Kimi K2.6 with the kdtree backend...")
+            emit(t, "systemd[1]", "Started sglang-k26-ddtree.service - SGLang Kimi K2.6 with the kdtree backend.")
+            emit(t, py, "kdtree-launch: preflight ok (sglang 0.5.23, extension ok); exec /usr/bin/python3 -m sglang...")
+            counts["systemd"] += 3
+            for _rank in range(RANKS):
+                emit(
+                    t,
+                    py,
+                    "[kdtree] shapes q=(18, 8, 576) kv_buf=(195012, 576) bs=2 q_len=9 Dl=512 Dr=64 kv_len_max=73 "
+                    "scale=0.14468 mask=(1314,)",
+                )
+                counts["shapes"] += 1
+            emit(t, py, "[kdtree] fallback reason=fp8_kv_cache path=triton")
+            counts["fallback"] += 1
+            end = (inv + 1) * per if inv < invocations - 1 else lines
+            step = 0
+            while written < end:
+                t += 1
+                r = rnd.random()
+                if r < 0.235:
+                    rank = rnd.randrange(RANKS)
+                    emit(
+                        t,
+                        py,
+                        f"[2026-06-01 12:00:00 TP{rank}] Decode batch. #running-req: {rnd.randrange(64)}, #token: "
+                        f"{rnd.randrange(100000)}, token usage: 0.{rnd.randrange(100):02d}, accept len: 3.{rnd.randrange(10)}",
+                    )
+                    counts["other"] += 1
+                elif r < 0.25:
+                    emit(
+                        t,
+                        py,
+                        "INFO: request text: please print [kdtree] L56 max_abs_diff=0 mean=0 rel=0 tp=0 token=0000",
+                    )
+                    counts["misplaced"] += 1
+                else:
+                    step += 1
+                    rank = step % RANKS
+                    layer = LAYERS[(step // RANKS) % len(LAYERS)]
+                    rel = rnd.uniform(1e-3, 3e-3)
+                    emit(
+                        t,
+                        py,
+                        f"[kdtree] L{layer} max_abs_diff={rel * 4:.4e} mean={rel / 9:.4e} rel={rel:.4e} tp={rank} "
+                        f"token={token} mode=graph step={step}",
+                    )
+                    counts["parity"] += 1
+    return {"lines": written, "bytes": path.stat().st_size, "last_token": token, "kinds": counts}
+
+
+def run(argv: list[str], journal: Path, code: Path) -> dict[str, object]:
+    """One `opsctl parity check` in a fresh process: wall time, peak RSS, exit code, output size."""
+    env = {**os.environ, "PYTHONPATH": str(code), "COLUMNS": "160"}
+    with journal.open("rb") as stdin, tempfile.TemporaryFile() as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "opsctl", "parity", "check", "-", *argv],
+            stdin=stdin,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=code,
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        size = out.seek(0, 2)
+        tail_at = max(0, size - 600)
+        out.seek(tail_at)
+        tail = out.read().decode(errors="replace")
+    return {
+        "argv": argv,
+        "wall_s": round(wall, 2),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux: kilobytes
+        "exit_code": proc.returncode,
+        "output_bytes": size,
+        "tail": tail.strip().splitlines()[-1][:400] if tail.strip() else err.strip()[-400:],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lines", type=int, default=1_000_000)
+    ap.add_argument("--code", type=Path, default=ROOT, help="checkout whose opsctl runs (default: this one)")
+    ap.add_argument("--label", default="after")
+    ap.add_argument("--journal", type=Path, default=Path(tempfile.gettempdir()) / "parity-bench-journal.txt")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "parity-check.json")
+    ap.add_argument("--cases", default="text,json,text --token,json --token", help="comma-separated")
+    args = ap.parse_args()
+
+    facts = generate(args.journal, args.lines)  # deterministic: the same journal for every --code
+    token = str(facts["last_token"])
+    cases = {
+        "text": ["--tp", "8"],
+        "json": ["--tp", "8", "--json"],
+        "text --token": ["--tp", "8", "--token", token],
+        "json --token": ["--tp", "8", "--json", "--token", token],
+    }
+    chosen = [c.strip() for c in args.cases.split(",")]
+    results = {name: run(argv, args.journal, args.code) for name, argv in cases.items() if name in chosen}
+    for name, r in results.items():
+        print(
+            f"{args.label} {name}: {r['wall_s']} s, {r['peak_rss_mb']} MB, exit {r['exit_code']}, {r['output_bytes']} B"
+        )
+
+    doc = json.loads(args.out.read_text()) if args.out.exists() else {}
+    doc["journal"] = {k: v for k, v in facts.items() if k != "last_token"}
+    doc["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
+    doc.setdefault("runs", {})[args.label] = results
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_table(doc, args.out.with_suffix(".md"))
+
+
+def write_table(doc: dict[str, object], path: Path) -> None:
+    journal = doc["journal"]
+    assert isinstance(journal, dict)
+    rows = [
+        "# `opsctl parity check` on a 1,000,000-line journal",
+        "",
+        f"Journal: {journal['lines']:,} lines, {journal['bytes'] / 1e6:.0f} MB, 8 TP ranks, 5 invocations "
+        f"(kinds: {', '.join(f'{k} {v:,}' for k, v in journal['kinds'].items())}); generated and timed by "
+        "`scripts/bench_parity_check.py` (figures in `parity-check.json`). Goal: at most 10 s and under 300 MB "
+        "peak memory for text and `--json` output.",
+        "",
+        "| code | output | wall s | peak RSS MB | output bytes | exit |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    runs = doc["runs"]
+    assert isinstance(runs, dict)
+    for label, results in runs.items():
+        for name, r in results.items():
+            rows.append(
+                f"| {label} | {name} | {r['wall_s']} | {r['peak_rss_mb']} | {r['output_bytes']:,} | {r['exit_code']} |"
+            )
+    path.write_text("\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()
