@@ -725,7 +725,9 @@ class _LogPrinter:
             # the message's middle: U+FFFD keeps it one line, and a marked message with it stays malformed.
             one_line = msg.replace("\n", "\ufffd")
             when = _iso_time(doc.get("__REALTIME_TIMESTAMP"))
-            print(f"{when} {self.h.name} {self.h.unit}: {one_line}", flush=self.stream)
+            console.file.write(f"{when} {self.h.name} {self.h.unit}: {one_line}\n")
+            if self.stream:
+                console.file.flush()
         elif isinstance(rec, ParityLine):
             if self.stream:
                 v = str(classify(rec, self.h.gate))

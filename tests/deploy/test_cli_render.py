@@ -21,7 +21,14 @@ def journal(msg: str) -> str:
 @pytest.fixture
 def out(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
     buf = io.StringIO()
-    monkeypatch.setattr(cli_deploy, "console", Console(file=buf, width=200, color_system=None))
+    monkeypatch.setattr(cli_deploy, "console", Console(file=buf, width=200, color_system=None, force_terminal=True))
+    return buf
+
+
+@pytest.fixture
+def piped(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
+    buf = io.StringIO()
+    monkeypatch.setattr(cli_deploy, "console", Console(file=buf, width=80, color_system=None))
     return buf
 
 
@@ -69,3 +76,43 @@ def test_release_meta() -> None:
     meta = hostinfo.parse_release_meta(text)
     assert meta["r00000000000a"] == {"created_at": "2026-01-01T00:00:00Z", "commit": "abc", "dirty": True}
     assert meta["r0-00000000000b"] == {}
+
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def journal_of_two_deploys() -> list[str]:
+    """`journalctl -o json` of two invocations (the second a bad release), as `opsctl logs` reads it."""
+    out = []
+    for n, (token, rel) in enumerate(((TOKEN, "2.0e-03"), (TOKEN[::-1], "9.0e-01"))):
+        out.append(json.dumps({"MESSAGE": "Started sglang-k26-ddtree.service.", "__REALTIME_TIMESTAMP": "1"}))
+        for layer in (0, 30, 60):
+            msg = f"[kdtree] L{layer} max_abs_diff=1.0e-03 mean=1.0e-04 rel={rel} tp=0 token={token} mode=graph"
+            out.append(json.dumps({"MESSAGE": msg, "__REALTIME_TIMESTAMP": f"178000000{n}000000"}))
+        out.append(json.dumps({"MESSAGE": "INFO: a log line with a\u2028separator", "__REALTIME_TIMESTAMP": "2"}))
+    return out
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_logs_grep_parity_pipes_into_parity_check(
+    as_json: bool, piped: io.StringIO, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`opsctl logs HOST --grep parity [--json] | opsctl parity check -` reaches the journal's own verdict (it was
+    NODATA from the table, and every line IGNORED from --json)."""
+    from opsctl.inventory import GateSettings
+    from opsctl.parity_check import check_journal
+
+    entries = journal_of_two_deploys()
+    p = cli_deploy._LogPrinter(host(), as_json=as_json, stream=False)
+    for e in entries:
+        p.feed(e, cli_deploy._matcher("parity"))
+    p.flush()
+    shown = capsys.readouterr().out if as_json else piped.getvalue()
+    assert shown.count("[kdtree] L") == 6
+    direct = check_journal(entries, GateSettings(), tp=1)
+    via_logs = check_journal(shown, GateSettings(), tp=1)
+    assert direct.verdict == via_logs.verdict and str(via_logs.verdict) == "FAIL"
+    assert via_logs.judged.token == TOKEN[::-1] and len(via_logs.invocations) == 2
+    assert via_logs.judged.ignored == 0 and via_logs.state.lines == 1
+    first = check_journal(shown, GateSettings(), tp=1, token=TOKEN)
+    assert str(first.verdict) == "PASS" and first.judged.ignored == 3
