@@ -15,10 +15,11 @@ from opsctl.errors import CommandFailed
 from opsctl.host import replay as replay_commands
 from opsctl.host import unit as unit_commands
 from opsctl.hoststate import Layout, new_parity_token
-from opsctl.inventory import Inventory
+from opsctl.inventory import HostConfig, Inventory
 from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 
+from . import trees
 from .test_first_hour_cli import opsctl  # the real CLI on a testbed inventory, as a user runs it
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,3 +113,38 @@ def test_capture_is_refused_on_a_virgin_host_and_every_view_shows_a_request(test
     assert disarmed["request"]["removed"] is True and disarmed["armed"] is None
     with connect(host) as r:
         assert r.run(f"test -e {request}", check=False).rc != 0
+
+
+def _last_record(host: HostConfig) -> dict[str, object]:
+    with connect(host) as r:
+        lines = r.run(f"cat {Layout(host.root).history}").stdout.strip().splitlines()
+    return json.loads(lines[-1])
+
+
+def test_a_unit_that_does_not_read_the_token_file_is_said_loudly(testbed: Inventory, tmp_path: Path) -> None:
+    """A deploy's unit reads the token file (found by its exact path among systemd's EnvironmentFiles, the
+    inventory's own environment file listed first or not): token checked. A drop-in that clears EnvironmentFile=
+    (what an adopted, hand-made unit looks like) turns the check off, and the restart says so in a WARNING line
+    and in its history record."""
+    host = testbed.host("tb1")
+    reset_host(host)
+    good = trees.copy_tree(tmp_path / "good", tag="token-check")
+    deployed = opsctl(testbed, "deploy", "tb1", "--src", str(good), "--yes")
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    assert "NOT checked" not in deployed.stdout + deployed.stderr
+    record = _last_record(host)
+    assert record["event"] == "deploy" and record["gate"]["token_checked"] is True, record  # type: ignore[index]
+
+    dropin = f"/etc/systemd/system/{host.unit}.service.d/no-token.conf"
+    with connect(host) as r:
+        r.run(f"mkdir -p /etc/systemd/system/{host.unit}.service.d")
+        r.write_file(dropin, "[Service]\nEnvironmentFile=\n")
+        r.run(unit_commands.daemon_reload_argv(), timeout=120)
+    try:
+        restarted = opsctl(testbed, "restart", "tb1", "--yes")
+        out = restarted.stdout + restarted.stderr
+        assert f"WARNING: parity token NOT checked: the unit does not read {Layout(host.root).parity_env}" in out, out
+        record = _last_record(host)
+        assert record["event"] == "restart" and record["gate"]["token_checked"] is False, record  # type: ignore[index]
+    finally:
+        reset_host(host)  # removes the unit and its drop-ins
