@@ -128,3 +128,20 @@ def testbed_handle() -> Testbed:
 def testbed(testbed_handle: Testbed) -> Inventory:
     """The booted testbed's inventory (hosts local, tb1..tbN)."""
     return testbed_handle.inventory()
+
+
+# Property tests (hypothesis): a bounded run by default (CI); a longer one with KDTREE_HYPOTHESIS_EXAMPLES=20000
+# (docs/gate.md "The grammar").
+try:
+    from hypothesis import HealthCheck
+    from hypothesis import settings as _hypothesis_settings
+except ModuleNotFoundError:  # the dev extra is not installed: the property tests fail on import, nothing else
+    pass
+else:
+    _hypothesis_settings.register_profile(
+        "kdtree",
+        max_examples=int(os.environ.get("KDTREE_HYPOTHESIS_EXAMPLES", "300")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    _hypothesis_settings.load_profile("kdtree")
