@@ -1,11 +1,13 @@
-"""Fixtures of the fault matrix: three testbed hosts brought to a good release once, and put right between
-scenarios if a scenario left one broken (so one failure does not cascade into the next scenarios)."""
+"""Fixtures of the fault matrix: three testbed hosts brought to a good release once per session (both modules
+share them), and put right before each scenario if an earlier one left one broken (so one failure does not
+cascade into the next scenarios). The repair checks the three hosts at once, one SSH session each."""
 
 from __future__ import annotations
 
 import itertools
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from opsctl.inventory import HostConfig, Inventory
 from opsctl.ssh import connect
 from opsctl.testbed import Testbed, reset_host
 
-from .harness import LEDGER, deploy_action, read_end, remove_fake_gpu, source_root, variant
+from .harness import FAKE_NVIDIA_SMI, LEDGER, deploy_action, remove_fake_gpu, source_root, variant
 
 FLEET = ("tb1", "tb2", "tb3")
 FIGURES: dict[str, float] = {}
@@ -38,11 +40,12 @@ def fleet_inventory(testbed_handle: Testbed) -> Inventory:
     return testbed_handle.inventory()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fleet(fleet_inventory: Inventory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[HostConfig]]:
     """tb1..tb3 reset and given a first release (in parallel), then a redeploy one host after another (measured;
-    test_parallel_batch_really_overlaps measures the same redeploy in parallel). Reset again at the end, so the
-    hosts' services stop using CPU for the tests that follow."""
+    test_parallel_batch_really_overlaps measures the same redeploy in parallel). Once per session: every
+    scenario starts from whatever the previous one left, repaired by ``hosts``. Reset again at the end, so the
+    tests that follow find the hosts as a reset leaves them."""
     hosts = [fleet_inventory.host(n) for n in FLEET]
     for h in hosts:
         reset_host(h)
@@ -58,6 +61,7 @@ def fleet(fleet_inventory: Inventory, tmp_path_factory: pytest.TempPathFactory) 
     yield hosts
     for h in hosts:
         reset_host(h)
+        remove_fake_gpu(h)  # a scenario's fake nvidia-smi is outside what a reset removes
 
 
 def _repair(host: HostConfig, tb: Testbed, tmp: Path) -> None:
@@ -66,13 +70,14 @@ def _repair(host: HostConfig, tb: Testbed, tmp: Path) -> None:
         tb.boot(host.name)
     tb.start_sshd(host.name)
     tb.free_disk(host.name)
-    remove_fake_gpu(host)
-    end = read_end(host)
-    if end.lock_present:
-        with connect(host) as r:
+    with connect(host) as r:  # one session for the checks of a host that is (nearly always) fine
+        r.run(f"rm -f {FAKE_NVIDIA_SMI}", timeout=30)
+        snap = hs.read_snapshot(r, host.root, host.unit)
+        if snap.lock_present:
             hs.release_lock(r, hs.Layout(host.root), None)
-    end = read_end(host)
-    if not end.running or (end.current is not None and end.current in end.bad):
+            snap = hs.read_snapshot(r, host.root, host.unit)
+    running = snap.unit.active_state == "active" and snap.unit.sub_state == "running"
+    if not running or (snap.current is not None and snap.current in snap.bad):
         res = pipeline.deploy(host, next_variant(tmp, "repair"), pipeline.DeployOptions())
         assert res.ok, f"could not repair {host.name}: {res.line()}"
 
@@ -84,14 +89,14 @@ def hosts(
     tmp_path_factory: pytest.TempPathFactory,
     request: pytest.FixtureRequest,
 ) -> Iterator[list[HostConfig]]:
-    """The three hosts, each healthy on a good release before the scenario; repaired after it."""
+    """The three hosts, each healthy on a good release before the scenario (repaired in parallel if the previous
+    scenario left one broken; a failed scenario is repaired by the next one's set-up or the session's reset)."""
     tmp = tmp_path_factory.mktemp("repair")
-    for h in fleet:
-        _repair(h, testbed_handle, tmp)
+    with ThreadPoolExecutor(len(fleet)) as pool:
+        for done in [pool.submit(_repair, h, testbed_handle, tmp) for h in fleet]:
+            done.result()
     LEDGER.scenarios.append(request.node.name)
     yield fleet
-    for h in fleet:
-        _repair(h, testbed_handle, tmp)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

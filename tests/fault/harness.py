@@ -7,6 +7,7 @@ progress events (``FaultReporter``): "when tb2 starts its upload", "at tb2's fir
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -24,6 +25,7 @@ from opsctl.inventory import HostConfig
 from opsctl.release import BUNDLE_DIRS
 from opsctl.ssh import connect
 from opsctl.testbed import Testbed
+from opsctl.traffic import ProbeClient, Wave
 
 REPO = Path(__file__).resolve().parents[2]
 SRC_ENV = "OPSCTL_FAULT_SRC"  # run the matrix against another checkout's tree
@@ -294,60 +296,76 @@ def remove_fake_gpu(host: HostConfig) -> None:
 # ---------------------------------------------------------------------------------------------- releases that misbehave
 
 
-def replay_variant(dest: Path, tag: str, snippet: str) -> Path:
-    """A variant whose replay service runs ``snippet`` first thing in ``main()`` (module globals in scope):
-    a release that misbehaves in a chosen way, for real, on the host. The snippet can tell the unit (systemd
-    sets $INVOCATION_ID) from the pre-restart parity check (run over SSH, without it)."""
+def standin_variant(dest: Path, tag: str, snippet: str) -> Path:
+    """A variant whose stand-in server (the unit's program on the testbed) runs ``snippet`` first thing in
+    ``serve.main()`` (module globals in scope): a release that misbehaves in a chosen way, for real, on the host.
+    The pre-restart parity check runs the replay, not the server, so it passes such a release."""
     tree = variant(dest, tag)
-    path = tree / "backend" / "kdtree_backend" / "replay.py"
+    path = tree / "backend" / "kdtree_backend" / "serve.py"
     text = path.read_text()
     head = "def main(argv: Sequence[str] | None = None) -> int:\n"
-    assert head in text, "replay.main's signature moved: update replay_variant"
+    assert head in text, "serve.main's signature moved: update standin_variant"
     body = "".join(f"    {line}\n" for line in snippet.strip("\n").splitlines())
     path.write_text(text.replace(head, head + body, 1))
     return tree
 
 
-# Under the unit only: every parity line's rel is off by one (a kernel bug the pre-restart replay does not hit).
-FAILS_UNDER_THE_UNIT = """
-import os as _os
-if _os.environ.get("INVOCATION_ID"):
-    _real = format_parity
-    globals()["format_parity"] = lambda layer, a, m, rel, ident, **kw: _real(layer, a, m, rel + 1.0, ident, **kw)
-"""
+def fault_variant(dest: Path, tag: str, fault: str) -> Path:
+    """A variant whose stand-in server injects ``fault`` (``standin.fault`` of its deploy/kdtree.json:
+    nan, rel-offset:X, silent-rank:R, crash-at-load, http-500; docs/testbed.md)."""
+    tree = variant(dest, tag)
+    config = tree / "deploy" / "kdtree.json"
+    data = json.loads(config.read_text())
+    data.setdefault("standin", {})["fault"] = fault
+    config.write_text(json.dumps(data, indent=2) + "\n")
+    return tree
 
-# Under the unit only: the real lines carry a wrong token, and a logged "request" carries a marked line.
+
+# Every parity line's rel is off by one (a kernel bug the pre-restart replay does not hit).
+FAILS_UNDER_THE_UNIT = "rel-offset:1.0"
+
+# The real lines carry a wrong token, and a logged "request" carries a marked line.
 FORGES_UNDER_THE_UNIT = """
 import os as _os
-if _os.environ.get("INVOCATION_ID"):
-    _os.environ["KDTREE_PARITY_TOKEN"] = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0"
-    _real = format_parity
-    def _forging(layer, a, m, rel, ident, **kw):
-        print("INFO: request text: please print [kdtree] L%d max_abs_diff=0 mean=0 rel=0 tp=%d" % (layer, ident.tp))
-        return _real(layer, a, m, rel, ident, **kw)
-    globals()["format_parity"] = _forging
+import kdtree_backend.replay as _replay
+_os.environ["KDTREE_PARITY_TOKEN"] = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0"
+_real = _replay.format_parity
+def _forging(layer, a, m, rel, ident, **kw):
+    print("INFO: request text: please print [kdtree] L%d max_abs_diff=0 mean=0 rel=0 tp=%d" % (layer, ident.tp))
+    return _real(layer, a, m, rel, ident, **kw)
+_replay.format_parity = _forging
 """
 
-# Under the unit only: the first parity line is NaN, every later one passes.
+# The first parity line is NaN, every later one passes.
 ONE_EARLY_NAN_UNDER_THE_UNIT = """
-import os as _os
-if _os.environ.get("INVOCATION_ID"):
-    _real = format_parity
-    _first = [True]
-    def _once_nan(layer, a, m, rel, ident, **kw):
-        if _first[0]:
-            _first[0] = False
-            return _real(layer, a, m, float("nan"), ident, **kw)
-        return _real(layer, a, m, rel, ident, **kw)
-    globals()["format_parity"] = _once_nan
+_real = fault_parity
+_first = [True]
+def _once_nan(fault, rank, stats):
+    if _first[0]:
+        _first[0] = False
+        return stats[0], stats[1], float("nan")
+    return _real(fault, rank, stats)
+globals()["fault_parity"] = _once_nan
 """
 
-# Under the unit only: a long silence before the first line (a model still loading).
+# A long silence before the server listens (a model still loading, the port not yet open).
 SLOW_START_UNDER_THE_UNIT = """
-import os as _os, time as _time
-if _os.environ.get("INVOCATION_ID"):
-    _time.sleep(600)
+import time as _time
+_time.sleep(600)
 """
+
+
+def drive_traffic(host: HostConfig, requests: int = 1, max_new_tokens: int = 8, ready_s: float = 60.0) -> Wave:
+    """Serve ``requests`` greedy requests of ``max_new_tokens`` new tokens on the host, once its server is ready:
+    the gate's own probe program (opsctl/traffic.py), run on the host over SSH, so the traffic stays on the host's
+    loopback. Idle, the stand-in prints no parity line; a test that reads lines without a deploy sends these."""
+    with connect(host) as r:
+        client = ProbeClient(host, lambda: r, rid_prefix="opsctl-probe-test")
+        ready = client.ready(ready_s)
+        assert ready.ready, f"{host.name}: the server was not ready within {ready_s:g}s: {ready.describe('/health')}"
+        wave = client.wave(requests=requests, max_new_tokens=max_new_tokens)
+    assert wave.answered == requests, f"{host.name}: probe requests failed: {wave.failed}"
+    return wave
 
 
 def running_release(host: HostConfig) -> str:

@@ -37,9 +37,11 @@ from .harness import (
     assert_one_release,
     assert_rolled_back,
     cut_ssh_sessions,
+    drive_traffic,
+    fault_variant,
     read_end,
-    replay_variant,
     running_release,
+    standin_variant,
     variant,
 )
 
@@ -75,7 +77,7 @@ def history_since(host: HostConfig, before: int) -> list[dict[str, Any]]:
 def test_forged_and_wrong_token_lines_never_pass_a_deploy(hosts: list[HostConfig], tmp_path: Path) -> None:
     h = short_gate(by_name(hosts)["tb1"])
     before = read_end(h)
-    tree = replay_variant(tmp_path / "forger", f"forger-{time.time_ns()}", FORGES_UNDER_THE_UNIT)
+    tree = standin_variant(tmp_path / "forger", f"forger-{time.time_ns()}", FORGES_UNDER_THE_UNIT)
     new = make_manifest(tree).id
     rep = Lines(h.name)
     res = pipeline.deploy(h, tree, pipeline.DeployOptions(), rep)
@@ -92,25 +94,24 @@ def test_forged_and_wrong_token_lines_never_pass_a_deploy(hosts: list[HostConfig
 
 
 def test_a_silent_tp_rank_is_nodata_and_rolls_back(hosts: list[HostConfig], tmp_path: Path) -> None:
-    """The unit runs 3 ranks by the inventory; the service only prints for 2 (--tp-size 2): rank 2 is silent."""
-    h = short_gate(by_name(hosts)["tb2"], tp=3, replay_args=["--tp-size", "2", "--interval", "0.5"])
+    """The server answers the probe, but its TP rank 1 of 2 prints no parity line (standin.fault silent-rank:1).
+    The gate's deadline (20 s) comes before the probe's grace for parity lines (30 s): NODATA naming the rank."""
+    h = short_gate(by_name(hosts)["tb2"])
     before = read_end(h)
-    tree = variant(tmp_path / "silent", f"silent-{time.time_ns()}")
+    tree = fault_variant(tmp_path / "silent", f"silent-{time.time_ns()}", "silent-rank:1")
     new = make_manifest(tree).id
     res = pipeline.deploy(h, tree, pipeline.DeployOptions())
-    LEDGER.fault("tb2's unit prints parity for TP ranks 0 and 1 of 3")
-    assert res.verdict == "NODATA" and "TP rank(s) 2 of 3" in res.reason, res.line()
-    # The release we go back to is gated with the same inventory, so it is NODATA too: still the one running.
-    after = read_end(h)
-    assert after.current == before.current and after.running and not after.lock_present
-    assert new in after.bad
-    LEDGER.verified("tb2 back on its previous release after a silent rank")
+    LEDGER.fault("tb2's unit serves, but prints parity for TP rank 0 of 2 only")
+    assert res.verdict == "NODATA" and "TP rank(s) 1 of 2" in res.reason, res.line()
+    assert res.rolled_back_to == before.current and res.rollback_verdict == "PASS", res.line()
+    assert_rolled_back(before, read_end(h), new)
+    assert running_release(h) == before.current
 
 
 def test_first_failing_line_to_the_rollbacks_restart(hosts: list[HostConfig], tmp_path: Path) -> None:
     h = short_gate(by_name(hosts)["tb3"])
     before = read_end(h)
-    tree = replay_variant(tmp_path / "bad", f"bad-{time.time_ns()}", FAILS_UNDER_THE_UNIT)
+    tree = fault_variant(tmp_path / "bad", f"bad-{time.time_ns()}", FAILS_UNDER_THE_UNIT)
     new = make_manifest(tree).id
     res = pipeline.deploy(h, tree, pipeline.DeployOptions())
     LEDGER.fault("tb3 gets a release whose parity fails only under the unit (passes the pre-restart check)")
@@ -213,7 +214,7 @@ def test_a_signal_during_the_gate_restores_the_old_release(
 ) -> None:
     h = by_name(hosts)["tb2"]
     before = read_end(h)
-    tree = replay_variant(tmp_path / "slow", f"slow-{sig.name}-{time.time_ns()}", SLOW_START_UNDER_THE_UNIT)
+    tree = standin_variant(tmp_path / "slow", f"slow-{sig.name}-{time.time_ns()}", SLOW_START_UNDER_THE_UNIT)
     new = make_manifest(tree).id
     proc = _opsctl_deploy(h, tree, tmp_path, gate_deadline=300)
     seen: list[str] = []
@@ -331,12 +332,14 @@ def test_health_never_rolls_back_a_stopped_unit_or_an_old_nan(hosts: list[HostCo
         with connect(h) as r:
             r.run(f"systemctl start {h.unit}.service", timeout=120)
     # 2. The running invocation printed one NaN line long ago, and passing lines since.
-    tree = replay_variant(tmp_path / "nan", f"nan-{time.time_ns()}", ONE_EARLY_NAN_UNDER_THE_UNIT)
+    tree = standin_variant(tmp_path / "nan", f"nan-{time.time_ns()}", ONE_EARLY_NAN_UNDER_THE_UNIT)
     staged = pipeline.deploy(h, tree, pipeline.DeployOptions(no_restart=True))
     assert staged.verdict == "STAGED", staged.line()
     with connect(h) as r:
         r.run(f"systemctl restart {h.unit}.service", timeout=120)
-    time.sleep(3 * h.gate.consecutive_passes + 2)  # the replay prints every 2 s: K steps of passes after the NaN
+    # Traffic: the burst samples every step, so 4 steps give each rank 12 lines, the NaN first, then passes.
+    drive_traffic(h, requests=1, max_new_tokens=4)
+    time.sleep(0.5)  # journald has the lines
     old_nan = _health(h)
     LEDGER.fault("tb2's running invocation printed a NaN line, then passing lines")
     parity = old_nan.check("parity")
@@ -348,12 +351,13 @@ def test_health_never_rolls_back_a_stopped_unit_or_an_old_nan(hosts: list[HostCo
 def test_health_rolls_back_on_real_evidence(hosts: list[HostConfig], tmp_path: Path) -> None:
     h = short_gate(by_name(hosts)["tb3"])
     before = read_end(h)
-    tree = replay_variant(tmp_path / "bad-live", f"bad-live-{time.time_ns()}", FAILS_UNDER_THE_UNIT)
+    tree = fault_variant(tmp_path / "bad-live", f"bad-live-{time.time_ns()}", FAILS_UNDER_THE_UNIT)
     staged = pipeline.deploy(h, tree, pipeline.DeployOptions(no_restart=True))
     assert staged.verdict == "STAGED", staged.line()
     with connect(h) as r:  # restarted by hand, as after a host reboot: the bad kernel now serves
         r.run(f"systemctl restart {h.unit}.service", timeout=120)
-    time.sleep(4)
+    drive_traffic(h, requests=1, max_new_tokens=2)  # a user's request: the bad kernel verifies it
+    time.sleep(0.5)
     result = _health(h)
     LEDGER.fault("tb3 runs a release whose parity fails, started outside opsctl")
     assert result.check("parity").level is hl.Level.CRIT and result.wants_rollback  # type: ignore[union-attr]
