@@ -104,7 +104,7 @@ def read_status(host: HostConfig) -> StatusView:
         # As the gate sees them: only lines with the running invocation's token are the service's own.
         parity = [
             p
-            for p in (parse_line(x) for x in text.splitlines())
+            for p in (parse_line(x) for x in text.split("\n"))  # \n only, as journald splits stdout
             if isinstance(p, ParityLine) and (token is None or p.token == token)
         ]
         return StatusView(snap, hs.read_history(r, layout), parity)
@@ -166,7 +166,8 @@ def read_journal(
         res = r.run(remote, timeout=120, check=False)
         if res.rc not in (0, 1):  # grep exits 1 on no match
             raise OpsError(f"{host.name}: journalctl failed ({res.rc}): {res.stderr.strip()[-300:]}")
-        for line in res.stdout.splitlines():
-            on_line(line)
+        for line in res.stdout.split("\n"):  # one JSON entry a line; U+2028 inside an entry is not a line break
+            if line:
+                on_line(line)
 
     _with_host(host, act)

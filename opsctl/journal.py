@@ -69,7 +69,9 @@ def message_text(value: Any) -> str:
 
 def parse_entries(text: str) -> list[Entry]:
     out = []
-    for line in text.splitlines():
+    # One entry per \n-terminated line: journalctl prints U+2028, U+2029 raw inside a JSON string, and
+    # str.splitlines() would cut such an entry in two and drop it (a failing parity line lost, not judged).
+    for line in text.split("\n"):
         line = line.strip()
         if not line.startswith("{"):
             continue

@@ -43,3 +43,16 @@ def test_parse_mark_and_show() -> None:
     assert parse_mark("\n").cursor is None
     obs = parse_unit_show("ActiveState=failed\nSubState=failed\nNRestarts=5\nInvocationID=\nResult=exit-code\n")
     assert obs.active_state == "failed" and obs.n_restarts == 5 and obs.result == "exit-code"
+
+
+def test_an_entry_with_a_line_separator_inside_stays_whole() -> None:
+    """journalctl -o json prints U+2028/U+2029 raw inside a string: the follower must not cut the entry there (it
+    used to drop it, so a failing parity line with one in it was never judged)."""
+    msg = "[kdtree] L0 max_abs_diff=0 mean=0 rel=0 tp=0 token=0123456789abcdef\u2028rel=0.9"
+    raw = json.dumps(
+        {"__CURSOR": "c1", "MESSAGE": msg, "_SYSTEMD_INVOCATION_ID": "new1", "__REALTIME_TIMESTAMP": "1"},
+        ensure_ascii=False,
+    )
+    f = Follower(unit="u", mark=Mark(old_invocation="old", cursor=None))
+    _, got = f.ingest(poll(raw, entry("c2", "next\u2029", "new1")))
+    assert [e.message for e in got] == [msg, "next\u2029"]
