@@ -52,8 +52,8 @@ _KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _NUMBER_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", re.ASCII)
 _LAYER_RE = re.compile(r"L(0|[1-9][0-9]{0,5})", re.ASCII)
 _RANK_RE = re.compile(r"0|[1-9][0-9]{0,3}", re.ASCII)
-_INT_RE = re.compile(r"0|[1-9][0-9]{0,11}", re.ASCII)
-_TUPLE_RE = re.compile(r"\((?:(?:0|[1-9][0-9]{0,11}),(?: (?:0|[1-9][0-9]{0,11}),)*(?: (?:0|[1-9][0-9]{0,11}))?)?\)")
+_INT_RE = re.compile(r"0|[1-9][0-9]{0,17}", re.ASCII)
+_TUPLE_RE = re.compile(r"\((?:(?:0|[1-9][0-9]{0,17}),(?: (?:0|[1-9][0-9]{0,17}),)*(?: (?:0|[1-9][0-9]{0,17}))?)?\)")
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{8,128}", re.ASCII)  # as kdtree_backend.lines prints it
 _WORD_RE = re.compile(r"[!-~]+", re.ASCII)  # any other value: printable ASCII, no space
 _LOOSE_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_])token=([A-Za-z0-9_-]+)", re.ASCII)
