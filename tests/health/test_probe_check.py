@@ -35,7 +35,9 @@ def test_a_silent_rank_is_crit_naming_it() -> None:
 
 
 def test_no_line_at_all_names_every_rank_and_lines_of_another_token_do_not_count() -> None:
-    c = check_probe(H, answered(line(0.001, 0, token="fedcba9876543210fedcba9876543210"), line(0.001, 1, token=None)), TOKEN)
+    c = check_probe(
+        H, answered(line(0.001, 0, token="fedcba9876543210fedcba9876543210"), line(0.001, 1, token=None)), TOKEN
+    )
     assert c.level is Level.CRIT and "TP rank(s) 0, 1 of 2" in c.detail and "2 line(s) without" in c.detail
 
 
