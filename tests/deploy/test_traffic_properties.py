@@ -1,0 +1,84 @@
+"""Property tests of the probe's readers of untrusted text: what the server streams back (the host program's
+StreamReader, error_text, json_answer) and what the program prints (opsctl.traffic.parse_wave / parse_ready). They
+never raise anything but the documented ValueError, and an answer counts as answered only when it is shaped like
+SGLang's. Bounded example counts: tests/conftest.py's profile."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from opsctl.host import traffic
+from opsctl.traffic import parse_ready, parse_wave
+
+ENDPOINTS = st.sampled_from(["/generate", "/v1/completions"])
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+GOOD_CHUNK = {"text": "x", "output_ids": [1], "meta_info": {"id": "r", "completion_tokens": 1}}
+
+
+def stream_lines() -> st.SearchStrategy[list[str]]:
+    return st.lists(
+        st.one_of(
+            st.text(max_size=60),
+            JSON_VALUES.map(lambda v: "data: " + json.dumps(v)),
+            st.just("data: [DONE]"),
+            st.just(""),
+        ),
+        max_size=12,
+    )
+
+
+@given(ENDPOINTS, stream_lines())
+def test_any_stream_ends_in_a_known_kind_and_ok_needs_a_chunk_and_done(endpoint: str, lines: list[str]) -> None:
+    reader = traffic.StreamReader(endpoint)
+    for line in lines:
+        reader.feed(line + "\n")
+    kind, error = reader.outcome()
+    assert kind in ("ok", "malformed", "error")
+    if kind == "ok":
+        assert error is None and reader.chunks >= 1 and reader.done
+        assert "data: [DONE]" in lines
+    else:
+        assert error and len(error) < 300
+
+
+@given(st.lists(st.just(GOOD_CHUNK), min_size=1, max_size=5))
+def test_a_well_formed_generate_stream_is_answered(chunks: list[dict[str, object]]) -> None:
+    reader = traffic.StreamReader("/generate")
+    for c in chunks:
+        reader.feed("data: " + json.dumps(c) + "\n")
+        reader.feed("\n")
+    reader.feed("data: [DONE]\n")
+    assert reader.outcome() == ("ok", None) and reader.tokens == 1
+
+
+@given(ENDPOINTS, st.binary(max_size=300))
+def test_any_error_body_or_plain_answer_is_read_without_raising(endpoint: str, body: bytes) -> None:
+    assert len(traffic.error_text(body)) <= traffic.ERROR_TEXT_MAX
+    kind, error, _tokens = traffic.json_answer(endpoint, body)
+    assert kind in ("ok", "malformed", "error") and (kind == "ok") == (error is None)
+
+
+@given(st.text(max_size=400) | JSON_VALUES.map(json.dumps))
+def test_the_programs_output_parses_or_is_refused_with_a_value_error(text: str) -> None:
+    for parse in (parse_wave, parse_ready):
+        try:
+            parse(text)
+        except ValueError:
+            pass
+
+
+@given(st.lists(JSON_VALUES, max_size=5))
+def test_a_wave_of_arbitrary_request_objects_counts_answered_only_when_ok_is_true(items: list[object]) -> None:
+    requests = [i if isinstance(i, dict) else {"ok": i} for i in items]
+    try:
+        wave = parse_wave(json.dumps({"requests": requests}))
+    except ValueError:
+        return
+    assert wave.answered == sum(1 for r in requests if r.get("ok") is True)
