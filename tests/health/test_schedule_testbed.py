@@ -54,3 +54,27 @@ def test_install_status_run_remove_on_real_systemd(testbed: Inventory, monkeypat
         assert gone.changed
         assert r.run(["systemctl", "is-enabled", schedule.TIMER], check=False).rc != 0
         assert not schedule.status(user=False, runner=run, activate=True).installed
+
+
+@pytest.mark.parametrize(("code", "result"), [(2, "success"), (3, "exit-code")])
+def test_the_timer_counts_findings_as_success_and_a_failed_check_as_failure(
+    testbed: Inventory, monkeypatch: pytest.MonkeyPatch, code: int, result: str
+) -> None:
+    """The installed service run by real systemd: WARN (1) and CRIT (2) are runs that worked; 3, the health
+    check's own failure (a broken inventory used to exit 2 and read as CRIT), fails the unit."""
+    host = testbed.host("tb2")
+    monkeypatch.setenv(schedule.UNIT_DIR_ENV, str(Testbed().rootfs(host.name) / "etc/systemd/system"))
+    program = f"/usr/local/bin/opsctl-exit-{code}"
+    spec = schedule.make_spec([host], target="tb2", inventory=Path("/etc/hostname"), opsctl=program, state=Path("/tmp"))
+    with connect(host) as r:
+        run = _runner(r)
+        r.write_file(program, f"#!/bin/sh\nexit {code}\n", mode=0o755)
+        try:
+            schedule.install(spec, user=False, runner=run, activate=True)
+            r.run(["systemctl", "start", schedule.SERVICE], timeout=60, check=False)
+            shown = r.run(["systemctl", "show", schedule.SERVICE, "-p", "Result", "--value"]).stdout.strip()
+            assert shown == result, (code, shown)
+        finally:
+            schedule.remove(user=False, runner=run, activate=True)
+            r.run(["systemctl", "reset-failed", schedule.SERVICE], check=False)
+            r.run(["rm", "-f", program])
