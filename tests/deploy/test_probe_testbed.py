@@ -249,9 +249,13 @@ def test_health_probe_passes_on_a_healthy_host_and_is_crit_when_the_verify_path_
     good = hl.evaluate(tb, hl.ssh_probe(tb, probe=True)).check("probe")
     assert good is not None and good.level is hl.Level.OK, good
     assert "from each of 2 rank(s) pass" in good.detail
-    # A release whose rank 1 prints nothing, left running: staged, restarted without a rollback.
+    # A release whose rank 1 prints nothing (marked bad by the test above: forced), left running: staged, restarted
+    # without a rollback.
     silent = with_fault(tmp_path / "silent", "silent-rank:1")
-    assert d.deploy(tb, silent, d.DeployOptions(no_restart=True, skip_prerestart_parity=True)).verdict == "STAGED"
+    assert (
+        d.deploy(tb, silent, d.DeployOptions(no_restart=True, skip_prerestart_parity=True, force=True)).verdict
+        == "STAGED"
+    )
     assert d.restart(tb).verdict == "FAIL"
     bad = hl.evaluate(tb, hl.ssh_probe(tb, probe=True)).check("probe")
     assert bad is not None and bad.level is hl.Level.CRIT, bad
