@@ -347,7 +347,10 @@ def test_ssh_cut_during_gate_resumes(
 ) -> None:
     ensure_good(tb2, good_tree, good_id)
     tree = trees.copy_tree(tmp_path / "cut", "ssh-cut")
-    host = tb2.model_copy(update={"gate": tb2.gate.model_copy(update={"consecutive_passes": 12})})
+    # One decode step per probe wave (3 lines a rank): the 12 passes a rank needs take 4 waves, so the gate must
+    # read on after the cut at its first line (one default wave would print all of them at once).
+    probe = tb2.gate.probe.model_copy(update={"requests": 1, "concurrency": 1, "max_new_tokens": 1})
+    host = tb2.model_copy(update={"gate": tb2.gate.model_copy(update={"consecutive_passes": 12, "probe": probe})})
     sessions: list[Any] = []
 
     def tracking_connect(h: HostConfig) -> Any:
