@@ -105,7 +105,7 @@ def read_status(host: HostConfig) -> StatusView:
         parity = [
             p
             for p in (parse_line(x) for x in text.split("\n"))  # \n only, as journald splits stdout
-            if isinstance(p, ParityLine) and (token is None or p.token == token)
+            if isinstance(p, ParityLine) and (token is None or p.carries(token))
         ]
         return StatusView(snap, hs.read_history(r, layout), parity)
 

@@ -84,6 +84,7 @@ class JournalReader:
         self.format: InputFormat | None = None
         self.lines = 0
         self.unreadable = 0  # JSON lines that did not parse (judged as text)
+        self.left_out = 0  # JSON entries whose MESSAGE journalctl printed as null (4096 bytes or more, no --all)
         self._invocation = ""
 
     def _detect(self, first: bytes) -> InputFormat:
@@ -160,6 +161,8 @@ class JournalReader:
             # Not an entry (cut, or not JSON): judged as text, and a marked one is malformed (see _Checker.feed).
             self.unreadable += 1
             return Entry(number, text, unreadable=True)
+        if "MESSAGE" in doc and doc["MESSAGE"] is None:
+            self.left_out += 1
         message = message_text(doc["MESSAGE"] if "MESSAGE" in doc else doc.get("message"))  # journalctl; logs
         invocation = str(doc.get("_SYSTEMD_INVOCATION_ID") or doc.get("invocation") or "")
         boundary = bool(invocation and self._invocation and invocation != self._invocation)
@@ -345,6 +348,7 @@ class ParityCheck:
     input_lines: int = 0
     input_format: str = "text"
     unreadable: int = 0
+    left_out: int = 0  # JSON entries journalctl printed without their MESSAGE (see JournalReader.left_out)
 
     @property
     def state(self) -> GateState:
@@ -371,7 +375,12 @@ class ParityCheck:
                 "token_checked": st.token is not None,
                 "token_given": self.token_given,
             },
-            "input": {"lines": self.input_lines, "format": self.input_format, "unreadable_json": self.unreadable},
+            "input": {
+                "lines": self.input_lines,
+                "format": self.input_format,
+                "unreadable_json": self.unreadable,
+                "messages_left_out": self.left_out,
+            },
             "invocations_seen": len(self.invocations),
             "judged": self.judged.brief(),
             **({"invocations": self.invocations} if all_invocations else {}),
@@ -479,7 +488,7 @@ def check_journal(
     data = text if isinstance(text, str) else "\n".join(x.rstrip("\n") for x in text)
     reader = JournalReader(source)
     result = check_entries(reader.read([data.encode()]), settings, tp=tp, token=token)
-    result.input_lines, result.unreadable = reader.lines, reader.unreadable
+    result.input_lines, result.unreadable, result.left_out = reader.lines, reader.unreadable, reader.left_out
     result.input_format = str(reader.format or InputFormat.TEXT)
     return result
 

@@ -114,6 +114,12 @@ def _print(check: ParityCheck, all_invocations: bool) -> None:
             + ", ".join(f"{v} {k}" for k, v in late.items())
             + " (a deploy stops reading there)[/]"
         )
+    if check.left_out:
+        common.err.print(
+            f"[yellow]{check.left_out} journal entries have no MESSAGE (journalctl prints one of 4096 bytes or more "
+            "as null): rerun journalctl with --all to judge them[/]",
+            soft_wrap=True,
+        )
     s = st.settings
     if check.token_given:
         which = f"the whole text ({n} invocation(s) seen)"
@@ -180,7 +186,7 @@ def check(
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
-    result.input_lines, result.unreadable = reader.lines, reader.unreadable
+    result.input_lines, result.unreadable, result.left_out = reader.lines, reader.unreadable, reader.left_out
     result.input_format = str(reader.format or InputFormat.TEXT)
     if json_out:
         common.emit_json(result.to_json(all_invocations=all_invocations))

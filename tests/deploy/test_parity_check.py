@@ -323,3 +323,11 @@ def test_usage_errors_under_json_are_json(args: list[str]) -> None:
     assert res.returncode == 2
     doc = json.loads(res.stdout)
     assert doc["exit_code"] == 2 and doc["error"]
+
+
+def test_messages_journalctl_left_out_are_counted_and_named() -> None:
+    data = "\n".join([journald_json(None), *(journald_json(m.removeprefix(J)) for m in passing(1))])  # type: ignore[arg-type]
+    res = run_check("-", "--tp", "1", "--token", TOKEN, data=data.encode())
+    assert res.returncode == 0 and b"rerun journalctl with --all" in res.stderr
+    doc = json.loads(run_check("-", "--tp", "1", "--json", data=data.encode()).stdout)
+    assert doc["input"]["messages_left_out"] == 1
