@@ -170,7 +170,7 @@ def check(
     ] = False,
     json_out: common.JsonOption = False,
 ) -> None:
-    """Judge [kdtree] parity lines from a journal as the deploy's gate would; exit 0 only on PASS.
+    """Judge \\[kdtree] parity lines from a journal as the deploy's gate would; exit 0 only on PASS.
 
     journalctl -u sglang-k26-ddtree -o short-iso | opsctl parity check - --tp 8 --token "$TOKEN"
     """

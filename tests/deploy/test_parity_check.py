@@ -213,6 +213,7 @@ def test_invalid_utf8_inside_a_line_is_replaced_and_fails_a_marked_line() -> Non
 def test_help_names_the_formats() -> None:
     res = run_check("--help", data=b"")
     assert b"short-full" in res.stdout and b"json" in res.stdout and b"any journalctl" not in res.stdout
+    assert b"Judge [kdtree] parity lines" in res.stdout  # the marker is text, not Rich markup
 
 
 # ------------------------------------------------------------------------------------------- size: bounded and honest
