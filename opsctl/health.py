@@ -244,7 +244,7 @@ def evaluate(host: HostConfig, facts: HostFacts, previous: PreviousRun | None = 
     checks = (
         CheckResult("ssh", Level.OK, f"answered in {facts.elapsed_s:.2f}s", facts.elapsed_s),
         check_unit(host, facts.unit, previous),
-        check_http(host, facts.http),
+        check_http(host, facts.http, facts.unit),
         check_gpu(host, facts.gpu),
         check_drift(facts.drift),
         check_parity(host, facts.parity, facts.parity_error, facts.parity_token),
@@ -304,9 +304,13 @@ def check_unit(host: HostConfig, unit: UnitFacts, previous: PreviousRun | None) 
     return CheckResult("unit", Level.OK, f"{state}, {delta or 0} restart(s) since the last check", value)
 
 
-def check_http(host: HostConfig, http: HttpFacts | None) -> CheckResult:
+def check_http(host: HostConfig, http: HttpFacts | None, unit: UnitFacts | None = None) -> CheckResult:
     if host.service.mode == "replay" or http is None:
         return CheckResult("http", Level.SKIP, "replay service has no HTTP port")
+    if unit is not None and unit.load_state != "not-found" and unit.active_state == "inactive":
+        # A unit stopped cleanly closes its port: the unit check reports the stop (WARN); a CRIT here would turn an
+        # operator's `systemctl stop` into a critical finding.
+        return CheckResult("http", Level.SKIP, "unit stopped: no server to ask")
     where = f":{host.service.port}{host.health.http_path}"
     if http.error:
         return CheckResult("http", Level.CRIT, f"{where}: {http.error}")

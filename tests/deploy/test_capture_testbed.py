@@ -1,5 +1,5 @@
-"""Issue 19 on a real testbed host, through the CLI: the replay-mode unit captures its verify calls when armed
-(`opsctl capture`), `opsctl captures` lists and prunes them, `opsctl parity replay` replays them with the running
+"""Issue 19 on a real testbed host, through the CLI: the unit (the stand-in server, serving requests sent on the
+host meanwhile) captures its verify calls when armed (`opsctl capture`), `opsctl captures` lists and prunes them, `opsctl parity replay` replays them with the running
 release (PASS) and with a classic-bug release that sits on the host unswitched (FAIL, naming the captures)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 
 from . import trees
+from .host_traffic import traffic
 from .test_first_hour_cli import opsctl  # the real CLI on a testbed inventory, as a user runs it
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,8 @@ def test_capture_list_replay_and_prune_on_a_testbed_host(testbed: Inventory, tmp
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
 
     # Arm, wait, report: 2 TP ranks x 2 layers x 2 steps.
-    taken = opsctl(testbed, "capture", HOST, "--layers", "0,30", "--steps", "2", "--json", timeout=300)
+    with traffic(host):  # the server verifies (and captures) only while it serves
+        taken = opsctl(testbed, "capture", HOST, "--layers", "0,30", "--steps", "2", "--json", timeout=300)
     assert taken.returncode == 0, taken.stdout + taken.stderr
     doc = json.loads(taken.stdout)
     capture_id = doc["id"]
@@ -89,7 +91,8 @@ def test_capture_list_replay_and_prune_on_a_testbed_host(testbed: Inventory, tmp
     assert missing.returncode == 2 and "is not on the host" in missing.stderr
 
     # A budget too small for one call: nothing stored, and the error says what to raise it to.
-    small = opsctl(testbed, "capture", HOST, "--max-mb", "0.05", "--layers", "0", timeout=300)
+    with traffic(host):
+        small = opsctl(testbed, "capture", HOST, "--max-mb", "0.05", "--layers", "0", timeout=300)
     assert small.returncode == 1, small.stdout + small.stderr
     assert re.search(
         r"stored nothing \(max_bytes\): one call needs [\d.]+ MB per rank: raise --max-mb above", small.stderr

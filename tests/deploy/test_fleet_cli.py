@@ -73,7 +73,7 @@ def test_group_deploy_parallel_then_status_and_rollback(testbed: Inventory, tmp_
     with connect(sick) as r:
         r.run(
             # rm first: releases share unchanged files through hard links, and only this one may break
-            f'f={sick.root}/current/backend/kdtree_backend/replay.py; rm -f "$f" && echo \'raise SystemExit(1)\' > "$f" && '
+            f'f={sick.root}/current/backend/kdtree_backend/serve.py; rm -f "$f" && echo \'raise SystemExit(1)\' > "$f" && '
             f"systemctl restart {sick.unit}.service",
             timeout=120,
             check=False,

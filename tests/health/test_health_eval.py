@@ -223,3 +223,12 @@ def test_exit_code_is_worst_host() -> None:
     warn = evaluate(h, healthy(parity=()))
     crit = evaluate(h, healthy(disk_free_mb=1.0))
     assert exit_code([ok]) == 0 and exit_code([ok, warn]) == 1 and exit_code([warn, crit, ok]) == 2
+
+
+def test_a_stopped_unit_makes_http_a_skip_not_a_second_finding() -> None:
+    """An operator's stop closes the port: the unit check's WARN says so; http is not asked (no CRIT)."""
+    h = host(gpu_arch=None, service={"mode": "standin", "tp": 1})
+    stopped = UnitFacts("loaded", "inactive", "dead", 0, "")
+    r = evaluate(h, healthy(unit=stopped, http=HttpFacts(error="connection refused")))
+    assert levels(r)["unit"] is Level.WARN and levels(r)["http"] is Level.SKIP and not r.wants_rollback
+    assert "unit stopped" in r.check("http").detail  # type: ignore[union-attr]
