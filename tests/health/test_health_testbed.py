@@ -67,7 +67,9 @@ def check(host: HostConfig, history: hl.HealthHistory) -> hl.HostHealth:
 
 @pytest.fixture
 def tb1(testbed: Inventory, tmp_path: Path) -> Iterator[HostConfig]:
-    host = testbed.host("tb1")
+    """tb1 as a host whose unit has no HTTP port (service.mode replay): the units installed here only print."""
+    served = testbed.host("tb1")
+    host = served.model_copy(update={"service": served.service.model_copy(update={"mode": "replay"})})
     reset_host(host)
     yield host
     reset_host(host)
@@ -87,7 +89,9 @@ def test_healthy_host_then_drift_and_parity_failure(tb1: HostConfig, history: hl
     elapsed = time.monotonic() - t0
     levels = {c.name: c.level for c in ok.checks}
     assert levels["unit"] is hl.Level.OK and levels["drift"] is hl.Level.OK and levels["parity"] is hl.Level.OK
-    assert levels["http"] is hl.Level.SKIP and levels["gpu"] is hl.Level.SKIP  # replay mode, no GPU expected
+    assert (
+        levels["http"] is hl.Level.SKIP and levels["gpu"] is hl.Level.SKIP
+    )  # no HTTP port (replay mode), no GPU expected
     assert ok.release == release and ok.invocation_id
     print(f"health-check run time for one testbed host: {elapsed:.2f}s")
 
