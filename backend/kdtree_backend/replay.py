@@ -288,6 +288,19 @@ def run(settings: ReplaySettings, stop: threading.Event) -> ReplayOutcome:
     return service.outcome
 
 
+def stop_on_signals(prefix: str) -> threading.Event:
+    """An event set by SIGTERM or SIGINT (said on stdout under ``prefix``): the services stop cleanly on it."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        print(f"{prefix} {signal.Signals(signum).name} received, stopping", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config()
@@ -309,14 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kdtree-replay: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        print(f"kdtree-replay: {signal.Signals(signum).name} received, stopping", flush=True)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals("kdtree-replay:")
     started = time.monotonic()
     try:
         outcome = run(settings, stop)

@@ -23,21 +23,19 @@ import argparse
 import hmac
 import json
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import FrameType
 from typing import Any
 
 import torch
 
 from .config import ConfigError, KdtreeConfig, ParityConfig, StandinFault, load_config
 from .lines import OncePer, format_fallback
-from .replay import ReplayService, ReplaySettings, resolve_device
+from .replay import ReplayService, ReplaySettings, resolve_device, stop_on_signals
 from .standin import (
     SGLANG_VERSION,
     BadRequest,
@@ -385,14 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"{PREFIX} cannot listen on {options.host}:{options.port}: {exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        print(f"{PREFIX} {signal.Signals(signum).name} received, stopping", flush=True)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(PREFIX)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     fault = config.standin.fault
