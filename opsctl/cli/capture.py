@@ -14,10 +14,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .. import captures as cap
+from ..captures import workflow as cap
 from ..errors import GateFailed
-from ..gate import Verdict
-from ..hoststate import new_parity_token
+from ..gate.decision import Verdict
+from ..host.rootstate import new_parity_token
 from ..inventory import HostConfig
 from . import common
 

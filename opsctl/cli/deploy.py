@@ -1,6 +1,6 @@
 """CLI: deploy, restart, service, rollback, releases, status, logs, lock, adopt (one host each).
 
-Thin: parse options, call opsctl.deploy / hoststate / journal, render with rich. Errors are OpsErrors (the CLI
+Thin: parse options, call opsctl.pipeline / hoststate / journal, render with rich. Errors are OpsErrors (the CLI
 boundary prints one red line and exits with their code). Exit 0 only when the action succeeded (a deploy: PASS).
 """
 
@@ -22,10 +22,7 @@ from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TaskID,
 from rich.table import Table
 from rich.text import Text
 
-from .. import deploy as pipeline
-from .. import fleet, hostinfo
-from .. import hoststate as hs
-from ..deploy.result import describe_restart_times, last_restart_times
+from .. import pipeline
 from ..errors import (
     EXIT_LOCK_HELD,
     EXIT_NOT_CONFIRMED,
@@ -36,10 +33,14 @@ from ..errors import (
     SshError,
     UsageError,
 )
-from ..gate import classify
+from ..fleet import rollout as fleet
+from ..gate.decision import classify
+from ..gate.lines import FallbackLine, ParityLine, ShapesLine, parse_line
+from ..host import rootstate as hs
+from ..host import views as hostinfo
 from ..inventory import HostConfig
-from ..journal import message_text
-from ..parity import FallbackLine, ParityLine, ShapesLine, parse_line
+from ..journal.follower import message_text
+from ..pipeline.result import describe_restart_times, last_restart_times
 from ..release import default_tree
 from . import common
 from . import render as cli_render
@@ -224,7 +225,7 @@ def _run_fleet(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """A group target: show the plan, ask, run it through opsctl.fleet, print the per-host table."""
+    """A group target: show the plan, ask, run it through opsctl.fleet.rollout, print the per-host table."""
     if not as_json:
         console.print(f"{what} {target}: {plan.describe()}", highlight=False)
     if dry_run:

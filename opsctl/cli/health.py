@@ -1,6 +1,6 @@
 """CLI: `opsctl health HOST|GROUP|--all` and `opsctl schedule install|remove|status`.
 
-Thin: parse options, call opsctl.health / alerts / schedule, print. Exit codes of `health`: 0 OK, 1 WARN, 2 CRIT,
+Thin: parse options, call opsctl.health.checks / alerts / schedule, print. Exit codes of `health`: 0 OK, 1 WARN, 2 CRIT,
 3 the check itself failed (bad inventory or option, a crash, an alert state that could not be saved).
 """
 
@@ -13,10 +13,10 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from .. import alerts, schedule
-from .. import health as hl
 from .. import inventory as inv
 from ..errors import OpsError, UsageError
+from ..health import alerts, schedule
+from ..health import checks as hl
 from . import common, render
 
 console = common.out
@@ -151,7 +151,7 @@ def _health(
 
 def _rollback(hosts: list[inv.HostConfig], run: hl.HealthRun, quiet: bool) -> list[dict[str, object]]:
     """Roll back each host whose release checks are CRIT, one at a time, through the single-host pipeline."""
-    from .. import deploy as pipeline
+    from .. import pipeline
 
     by_name = {h.name: h for h in hosts}
     out: list[dict[str, object]] = []

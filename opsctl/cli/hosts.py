@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..ping import HostFacts, ping_many
+from ..host.ping import HostFacts, ping_many
 from . import common
 
 app = typer.Typer()

@@ -13,10 +13,10 @@ from pydantic import ValidationError
 from rich.markup import escape
 
 from ..errors import GateFailed, UsageError
-from ..gate import LineVerdict
+from ..gate.decision import LineVerdict
+from ..gate.lines import TOKEN_RE as _TOKEN_RE
+from ..gate.parity_check import BLOCK_BYTES, InputFormat, JournalReader, ParityCheck, check_entries
 from ..inventory import GateSettings
-from ..parity import TOKEN_RE as _TOKEN_RE
-from ..parity_check import BLOCK_BYTES, InputFormat, JournalReader, ParityCheck, check_entries
 from . import common
 
 STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "IGNORED": "dim", "NODATA": "red"}

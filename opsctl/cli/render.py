@@ -1,5 +1,5 @@
 """Rendering at the edge: what `opsctl health` and the roll-outs print (rich tables, detail lines, the JSON
-document, Prometheus textfile text). opsctl.health and opsctl.fleet return data; this module is the only one that
+document, Prometheus textfile text). opsctl.health.checks and opsctl.fleet.rollout return data; this module is the only one that
 turns it into text."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from ..fleet import Outcome, RolloutReport
-from ..health import CHECK_NAMES, HostHealth, Level, exit_code
+from ..fleet.rollout import Outcome, RolloutReport
+from ..health.checks import CHECK_NAMES, HostHealth, Level, exit_code
 
 # ----------------------------------------------------------------------------------------------------------------
 # Health

@@ -2,8 +2,8 @@
 
 Each module here turns values (paths, unit names, tokens, ids) into a command line with every value
 ``shlex.quote``d, and parses what the command prints; none of them opens a connection. The modules that talk to
-a host (``opsctl.hoststate``, ``opsctl.deploy``, ``opsctl.health``, ...) hand these commands to a ``Remote``
-(:mod:`opsctl.host.remote`), so a command can be read, and tested as text, in one place (tests/host/).
+a host (``opsctl.host.rootstate``, ``opsctl.pipeline``, ``opsctl.health.checks``, ...) hand these commands to a ``Remote``
+(:mod:`opsctl.ssh.remote`), so a command can be read, and tested as text, in one place (tests/host/).
 
 - :mod:`.remote`: the ``Remote`` protocol every such caller uses;
 - :mod:`.facts`: the one probe of systemd, the unit, GPUs and disk, and its parser;

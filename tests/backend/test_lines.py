@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kdtree_backend.lines import OncePer, ParityIdentity, format_fallback, format_parity, format_shapes
 
-from opsctl.parity import ParityLine, ShapesLine, parse_line
+from opsctl.gate.lines import ParityLine, ShapesLine, parse_line
 
 SHAPES = (
     "[kdtree] shapes q=(9, 8, 576) kv_buf=(195012, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=30 "

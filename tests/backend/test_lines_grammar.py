@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kdtree_backend.lines import ParityIdentity, format_fallback, format_parity, format_shapes
 
-from opsctl.parity import FallbackLine, ParityLine, ShapesLine, parse_line
+from opsctl.gate.lines import FallbackLine, ParityLine, ShapesLine, parse_line
 
 TOKENS = st.text(alphabet="ABCDEFabcdef0123456789_-", min_size=8, max_size=128)
 # Every finite non-negative float the backend can be handed: zero, subnormals, tiny, huge.
@@ -35,7 +35,7 @@ WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-./:", min_size=1
 
 def test_neither_side_imports_torch() -> None:
     code = (
-        "import sys, kdtree_backend.lines, opsctl.parity, opsctl.parity_check, opsctl.cli.parity; "
+        "import sys, kdtree_backend.lines, opsctl.gate.lines, opsctl.gate.parity_check, opsctl.cli.parity; "
         "bad = [m for m in ('torch', 'numpy', 'sglang') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

@@ -26,8 +26,8 @@ from rich.console import Console
 from opsctl.cli import common as cli_common
 from opsctl.cli.deploy import RichReporter
 from opsctl.errors import InventoryError, OpsError
+from opsctl.gate.lines import ParityLine, parse_line
 from opsctl.inventory import parse
-from opsctl.parity import ParityLine, parse_line
 from opsctl.testbed import DEFAULT_CACHE_DIR, Testbed, last_log_line
 from opsctl.testbed.localrun import run as run_local
 
@@ -359,7 +359,7 @@ def test_a_failed_gate_step_shows_a_cross_and_lines_name_their_release(terminal:
 
 
 def test_prerestart_reason_names_the_failing_layers() -> None:
-    from opsctl.deploy import prerestart_fail_reason
+    from opsctl.pipeline import prerestart_fail_reason
 
     lines = [
         (_line("[kdtree] L30 max_abs_diff=1 mean=0.1 rel=1.05 tp=0"), "FAIL"),

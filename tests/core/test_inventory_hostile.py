@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import alerts, unit
 from opsctl.cli.common import to_jsonable
 from opsctl.errors import InventoryError
-from opsctl.health import health_url
+from opsctl.health import alerts
+from opsctl.health.checks import health_url
 from opsctl.inventory import load, parse
+from opsctl.unit import unitfile as unit
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "https://hooks.example.com/services/T000/B000/s3cr3tT0ken?key=abc"

@@ -8,9 +8,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from opsctl.gate.traffic import ProbeClient
 from opsctl.inventory import HostConfig
-from opsctl.ssh import connect
-from opsctl.traffic import ProbeClient
+from opsctl.ssh.client import connect
 
 
 @contextmanager

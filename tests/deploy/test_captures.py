@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import captures as cap
+from opsctl.captures import workflow as cap
+from opsctl.captures.capturedir import LIST_SCRIPT
 from opsctl.errors import UsageError
-from opsctl.gate import Verdict
-from opsctl.host.captures import LIST_SCRIPT
+from opsctl.gate.decision import Verdict
 from opsctl.inventory import HostConfig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ import json
 import pytest
 from rich.console import Console
 
-from opsctl import hostinfo
 from opsctl.cli import deploy as cli_deploy
+from opsctl.host import views as hostinfo
 from opsctl.inventory import HostConfig
 
 SHAPES = "[kdtree] shapes q=(9, 8, 576) kv_buf=(195012, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=21 scale=0.14468 mask=(270,)"
@@ -99,8 +99,8 @@ def test_logs_grep_parity_pipes_into_parity_check(
 ) -> None:
     """`opsctl logs HOST --grep parity [--json] | opsctl parity check -` reaches the journal's own verdict (it was
     NODATA from the table, and every line IGNORED from --json)."""
+    from opsctl.gate.parity_check import check_journal
     from opsctl.inventory import GateSettings
-    from opsctl.parity_check import check_journal
 
     entries = journal_of_two_deploys()
     p = cli_deploy._LogPrinter(host(), as_json=as_json, stream=False)

@@ -1,5 +1,5 @@
 """`opsctl deploy|rollback|status GROUP` through the real CLI on testbed hosts: the fleet path of the deploy
-command (opsctl.fleet over the single-host pipeline). The fault matrix (tests/fault) drives the same roll-out
+command (opsctl.fleet.rollout over the single-host pipeline). The fault matrix (tests/fault) drives the same roll-out
 library through its failure scenarios; here the CLI wiring is what is under test."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from opsctl.inventory import Inventory
 from opsctl.release import make_manifest
-from opsctl.ssh import connect
+from opsctl.ssh.client import connect
 from opsctl.testbed import reset_host
 
 from . import trees

@@ -4,13 +4,13 @@ and a fleet's failure budget. Pure: no host, no clock."""
 
 from __future__ import annotations
 
-from opsctl.deploy.result import DeployResult, DeployVerdict, describe_restart_times, last_restart_times
 from opsctl.errors import EXIT_UNPROVEN, GateFailed
-from opsctl.fleet import HostOutcome, Outcome, outcome_from_result, plan_rollout, run_rollout
-from opsctl.gate import NO_TRAFFIC_REASON, GateState, Traffic, UnitObservation, Verdict
+from opsctl.fleet.rollout import HostOutcome, Outcome, outcome_from_result, plan_rollout, run_rollout
+from opsctl.gate.decision import NO_TRAFFIC_REASON, GateState, Traffic, UnitObservation, Verdict
+from opsctl.gate.lines import ParityLine
+from opsctl.gate.traffic import RequestOutcome, Wave
 from opsctl.inventory import GateSettings, HostConfig
-from opsctl.parity import ParityLine
-from opsctl.traffic import RequestOutcome, Wave
+from opsctl.pipeline.result import DeployResult, DeployVerdict, describe_restart_times, last_restart_times
 
 S = GateSettings(pass_rel=0.01, fail_rel=0.05, consecutive_passes=3, deadline_s=60, max_restarts=1, ssh_retries=2)
 TOKEN = "t0k3n"

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import unit
-from opsctl.deploy.watch import reads_token_file
 from opsctl.errors import CommandFailed
 from opsctl.host import replay as replay_commands
-from opsctl.host import unit as unit_commands
-from opsctl.hoststate import Layout, new_parity_token
+from opsctl.host.rootstate import Layout, new_parity_token
 from opsctl.inventory import HostConfig, Inventory
-from opsctl.ssh import connect
+from opsctl.pipeline.watch import reads_token_file
+from opsctl.ssh.client import connect
 from opsctl.testbed import reset_host
+from opsctl.unit import systemctl as unit_commands
+from opsctl.unit import unitfile as unit
 
 from . import trees
 from .test_first_hour_cli import opsctl  # the real CLI on a testbed inventory, as a user runs it

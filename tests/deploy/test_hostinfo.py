@@ -1,4 +1,4 @@
-"""opsctl.hostinfo's parser of the release metadata, on what the host command really prints in a shell."""
+"""opsctl.host.views's parser of the release metadata, on what the host command really prints in a shell."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from opsctl import hostinfo
-from opsctl import hoststate as hs
-from opsctl.host.layout import release_meta_command
+from opsctl.host import rootstate as hs
+from opsctl.host import views as hostinfo
+from opsctl.host.releaseroot import release_meta_command
 
 
 def test_release_meta_of_each_manifest_as_the_host_prints_it(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_release_meta_of_each_manifest_as_the_host_prints_it(tmp_path: Path) -> 
 
 
 def test_status_shows_the_newest_line_of_each_rank_and_layer_never_the_middle_of_a_step() -> None:
-    from opsctl.parity import ParityLine
+    from opsctl.gate.lines import ParityLine
 
     def line(rank: int, layer: int, rel: float) -> ParityLine:
         return ParityLine(layer=layer, max_abs_diff=rel, mean=rel, rel=rel, rank=rank)

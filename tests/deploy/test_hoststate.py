@@ -3,7 +3,14 @@ import json
 import pytest
 
 from opsctl.errors import DeployFailed
-from opsctl.hoststate import Layout, describe_owner, parse_history, parse_snapshot, select_for_removal, snapshot_command
+from opsctl.host.rootstate import (
+    Layout,
+    describe_owner,
+    parse_history,
+    parse_snapshot,
+    select_for_removal,
+    snapshot_command,
+)
 
 SNAP = """root_exists=1
 managed={"since": "2026-01-01T00:00:00Z", "adopted": false}

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import hoststate as hs
 from opsctl.errors import CommandFailed, DeployFailed, LockHeld
+from opsctl.host import rootstate as hs
 
 from .localremote import LocalRemote
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from opsctl.parity import FallbackLine, ParityLine, ShapesLine, misplaced_marker, parse_line, parse_lines
+from opsctl.gate.lines import FallbackLine, ParityLine, ShapesLine, misplaced_marker, parse_line, parse_lines
 
 SHAPES = "[kdtree] shapes q=(9, 8, 576) kv_buf=(195012, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=30 scale=0.14468 mask=(270,)"
 PARITY = "[kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00"
@@ -167,9 +167,9 @@ BAD_TAIL = "max_abs_diff=1.69 mean=0.12 rel=1.08 tp=0 token=" + T
 def test_a_garbled_head_carrying_the_token_fails_the_gate(head: str) -> None:
     """A marked line whose head is not exactly L<n> (or a known kind) is malformed, never "another kind": with the
     token it fails the gate, even followed by passing lines (it used to be skipped, and the check passed)."""
-    from opsctl.gate import LineVerdict, Verdict
+    from opsctl.gate.decision import LineVerdict, Verdict
+    from opsctl.gate.parity_check import check_journal
     from opsctl.inventory import GateSettings
-    from opsctl.parity_check import check_journal
 
     line = f"[kdtree] {head} {BAD_TAIL}" if head else f"[kdtree] {BAD_TAIL}"
     rec = parse_line(line)
@@ -257,7 +257,7 @@ def test_a_huge_marked_line_parses_in_linear_time() -> None:
 
 
 def test_fast_and_full_parse_agree_on_the_examples() -> None:
-    from opsctl.parity import _fast_parity, _parse_full
+    from opsctl.gate.lines import _fast_parity, _parse_full
 
     for line in (GOOD, PARITY, SHAPES, GOOD + " mode=graph step=3", "[2026-05-31 13:04:12 TP0] " + GOOD):
         fast = _fast_parity(line)

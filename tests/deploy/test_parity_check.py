@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from opsctl.gate import LineVerdict, Verdict
+from opsctl.gate.decision import LineVerdict, Verdict
+from opsctl.gate.parity_check import check_journal
 from opsctl.inventory import GateSettings
-from opsctl.parity_check import check_journal
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 J = "2026-05-31T13:04:12+0000 ct200 python[22251]: "
@@ -128,7 +128,7 @@ def test_only_newline_splits_lines(sep: str) -> None:
 
 def test_offline_check_equals_the_live_gate_on_the_same_messages() -> None:
     """The live gate feeds each journal message to judge(); the offline check must reach the same verdict."""
-    from opsctl.gate import GateState, judge
+    from opsctl.gate.decision import GateState, judge
 
     messages = [
         good(0, 0),
@@ -234,7 +234,7 @@ def test_json_lists_counted_lines_and_the_first_ignored_with_honest_totals() -> 
 def test_a_huge_line_is_judged_in_linear_time_and_its_tail_token_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from opsctl import parity_check
+    from opsctl.gate import parity_check
 
     monkeypatch.setattr(parity_check, "BLOCK_BYTES", 4096)
     huge = f"{J}[kdtree] L0 max_abs_diff=1 mean=1 rel=1e-9 tp=0 x=(" + "(" * 300_000 + f" token={TOKEN} rel=0.9"

@@ -12,10 +12,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opsctl.gate import GateState, LineVerdict, judge
+from opsctl.gate.decision import GateState, LineVerdict, judge
+from opsctl.gate.lines import ShapesLine, _fast_parity, _parse_full, key_mask_warning, parse_line
+from opsctl.gate.parity_check import check_journal
 from opsctl.inventory import GateSettings
-from opsctl.parity import ShapesLine, _fast_parity, _parse_full, key_mask_warning, parse_line
-from opsctl.parity_check import check_journal
 
 TOKEN = "5f0c1d2e3a4b5c6d7e8f90a1b2c3d4e5"
 SETTINGS = GateSettings()

@@ -2,10 +2,10 @@ from dataclasses import replace
 
 import pytest
 
-from opsctl.deploy import DeployOptions, make_plan, rollback_target
 from opsctl.errors import DeployFailed
-from opsctl.hoststate import HostSnapshot, UnitInfo
+from opsctl.host.rootstate import HostSnapshot, UnitInfo
 from opsctl.inventory import HostConfig, ServiceSettings
+from opsctl.pipeline import DeployOptions, make_plan, rollback_target
 from opsctl.release import FileEntry, Manifest
 
 NEW = "r00000000000d"

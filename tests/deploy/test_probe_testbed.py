@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
-from opsctl import deploy as d
-from opsctl import health as hl
-from opsctl import hoststate as hs
+from opsctl import pipeline as d
+from opsctl.health import checks as hl
+from opsctl.host import rootstate as hs
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
-from opsctl.ssh import connect
+from opsctl.ssh.client import connect
 from opsctl.testbed import reset_host
 
 from . import trees

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from opsctl import hoststate as hs
-from opsctl.deploy import DeployVerdict
-from opsctl.deploy.runner import Concluded, Rejected, Run, Step, execute, lock_step
 from opsctl.errors import CommandFailed, DeployFailed
+from opsctl.host import rootstate as hs
 from opsctl.inventory import HostConfig
+from opsctl.pipeline import DeployVerdict
+from opsctl.pipeline.runner import Concluded, Rejected, Run, Step, execute, lock_step
 
 from .localremote import LocalRemote
 

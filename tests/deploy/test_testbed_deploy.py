@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from opsctl import deploy as d
-from opsctl import hoststate as hs
+from opsctl import pipeline as d
 from opsctl.errors import DeployFailed, LockHeld, SshError
+from opsctl.gate.lines import ParityLine, parse_line
+from opsctl.host import rootstate as hs
 from opsctl.inventory import HostConfig, Inventory
-from opsctl.parity import ParityLine, parse_line
 from opsctl.release import make_manifest
-from opsctl.ssh import connect
+from opsctl.ssh.client import connect
 from opsctl.testbed import Testbed, reset_host
 
 from . import trees

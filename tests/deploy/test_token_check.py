@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from opsctl.deploy.watch import reads_token_file, token_warning
-from opsctl.gate import GateState
+from opsctl.gate.decision import GateState
 from opsctl.inventory import GateSettings
+from opsctl.pipeline.watch import reads_token_file, token_warning
 
 TOKEN_FILE = "/srv/kd/state/parity.env"
 

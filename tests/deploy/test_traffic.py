@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from opsctl.host import traffic
+from opsctl.gate import traffic_on_host as traffic
+from opsctl.gate.traffic import ProbeClient, command, parse_wave, plan_lines, wave_config
 from opsctl.inventory import GateSettings, HostConfig, ProbeSettings, ServiceSettings
-from opsctl.traffic import ProbeClient, command, parse_wave, plan_lines, wave_config
 
 from .localremote import LocalRemote
 

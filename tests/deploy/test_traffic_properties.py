@@ -1,5 +1,5 @@
 """Property tests of the probe's readers of untrusted text: what the server streams back (the host program's
-StreamReader, error_text, json_answer) and what the program prints (opsctl.traffic.parse_wave / parse_ready). They
+StreamReader, error_text, json_answer) and what the program prints (opsctl.gate.traffic.parse_wave / parse_ready). They
 never raise anything but the documented ValueError, and an answer counts as answered only when it is shaped like
 SGLang's. Bounded example counts: tests/conftest.py's profile."""
 
@@ -10,8 +10,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opsctl.host import traffic
-from opsctl.traffic import parse_ready, parse_wave
+from opsctl.gate import traffic_on_host as traffic
+from opsctl.gate.traffic import parse_ready, parse_wave
 
 ENDPOINTS = st.sampled_from(["/generate", "/v1/completions"])
 JSON_VALUES = st.recursive(

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.inventory import HostConfig, ServiceSettings, parse
-from opsctl.unit import exec_argv, render, render_from_tree, systemd_word
+from opsctl.unit.unitfile import exec_argv, render, render_from_tree, systemd_word
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = (REPO / "systemd" / "sglang-k26-ddtree.service").read_text()

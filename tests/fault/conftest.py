@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import deploy as pipeline
-from opsctl import hoststate as hs
-from opsctl.fleet import plan_rollout, run_rollout
+from opsctl import pipeline
+from opsctl.fleet.rollout import plan_rollout, run_rollout
+from opsctl.host import rootstate as hs
 from opsctl.inventory import HostConfig, Inventory
-from opsctl.ssh import connect
+from opsctl.ssh.client import connect
 from opsctl.testbed import Testbed, reset_host
 
 from .harness import FAKE_NVIDIA_SMI, LEDGER, deploy_action, remove_fake_gpu, source_root, variant

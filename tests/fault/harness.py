@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opsctl import deploy as pipeline
-from opsctl import hoststate as hs
-from opsctl.fleet import HostOutcome, LineReporter, outcome_from_result
+from opsctl import pipeline
+from opsctl.fleet.rollout import HostOutcome, LineReporter, outcome_from_result
+from opsctl.gate.traffic import ProbeClient, Wave
+from opsctl.host import rootstate as hs
 from opsctl.inventory import HostConfig
 from opsctl.release import BUNDLE_DIRS
-from opsctl.ssh import connect
+from opsctl.ssh.client import connect
 from opsctl.testbed import Testbed
-from opsctl.traffic import ProbeClient, Wave
 
 REPO = Path(__file__).resolve().parents[2]
 SRC_ENV = "OPSCTL_FAULT_SRC"  # run the matrix against another checkout's tree

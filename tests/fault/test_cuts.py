@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from opsctl import deploy as pipeline
-from opsctl import health as hl
-from opsctl import hoststate as hs
+from opsctl import pipeline
 from opsctl.errors import HostUnreachable
-from opsctl.fleet import LineReporter
+from opsctl.fleet.rollout import LineReporter
+from opsctl.health import checks as hl
+from opsctl.host import rootstate as hs
 from opsctl.inventory import HostConfig
 from opsctl.release import make_manifest
-from opsctl.ssh import connect
+from opsctl.ssh.client import connect
 
 from .conftest import FIGURES
 from .harness import (

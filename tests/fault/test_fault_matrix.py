@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import health as hl
 from opsctl.errors import InventoryError, UsageError
-from opsctl.fleet import Outcome, plan_rollout, run_rollout
+from opsctl.fleet.rollout import Outcome, plan_rollout, run_rollout
+from opsctl.health import checks as hl
 from opsctl.inventory import HostConfig, parse
 from opsctl.release import make_manifest
-from opsctl.ssh import connect
+from opsctl.ssh.client import connect
 
 from .conftest import FIGURES, next_variant
 from .harness import (

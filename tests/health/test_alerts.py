@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.alerts import Alert, AlertState, Delivery, _post_webhook, decide, notify, redact, send
 from opsctl.errors import InventoryError
-from opsctl.health import HostHealth, evaluate
+from opsctl.health.alerts import Alert, AlertState, Delivery, _post_webhook, decide, notify, redact, send
+from opsctl.health.checks import HostHealth, evaluate
 from opsctl.inventory import WebhookUrl
 
 from .hosts import inventory

@@ -10,8 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from opsctl import schedule
 from opsctl.cli import health as cli_health
+from opsctl.health import schedule
 
 
 def app() -> typer.Typer:

@@ -1,4 +1,4 @@
-"""opsctl.fanout: every host's result or exception kept as data, in host order, hosts run side by side."""
+"""opsctl.fleet.fanout: every host's result or exception kept as data, in host order, hosts run side by side."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from opsctl.errors import HostUnreachable
-from opsctl.fanout import HostResult, run_on_hosts
+from opsctl.fleet.fanout import HostResult, run_on_hosts
 from opsctl.inventory import HostConfig
 
 from .hosts import inventory

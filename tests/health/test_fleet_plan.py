@@ -9,7 +9,7 @@ import pytest
 
 from opsctl.cli.render import render_report, summary_line
 from opsctl.errors import HostUnreachable, OpsError, UsageError
-from opsctl.fleet import (
+from opsctl.fleet.rollout import (
     HostOutcome,
     Outcome,
     default_canary,
@@ -191,10 +191,10 @@ def test_report_table_and_summary() -> None:
 def test_outcome_from_a_deploy_result_shape() -> None:
     from dataclasses import dataclass
 
-    from opsctl.fleet import LineReporter, outcome_from_result
+    from opsctl.fleet.rollout import LineReporter, outcome_from_result
 
     @dataclass
-    class Result:  # the fields of opsctl.deploy.DeployResult that the roll-out reads
+    class Result:  # the fields of opsctl.pipeline.DeployResult that the roll-out reads
         host: str
         verdict: str
         ok: bool

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from opsctl.health import (
+from opsctl.gate.lines import ParityLine, parse_line
+from opsctl.health.checks import (
     CHECK_NAMES,
     DriftFacts,
     GpuFacts,
@@ -22,7 +23,6 @@ from opsctl.health import (
     restarts_since,
     stale_lock_age_s,
 )
-from opsctl.parity import ParityLine, parse_line
 
 from .hosts import host
 

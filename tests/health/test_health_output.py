@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from opsctl.cli.render import details, render_prometheus, render_table, to_json
-from opsctl.health import (
+from opsctl.health.checks import (
     HealthHistory,
     HostFacts,
     HostHealth,

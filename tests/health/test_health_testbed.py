@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import health as hl
+from opsctl.health import checks as hl
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import FileEntry, Manifest, release_id
-from opsctl.ssh import connect
+from opsctl.ssh.client import connect
 from opsctl.testbed import reset_host
 
 # The testbed's hosts run TP 2: every rank must have spoken for parity to be OK.

@@ -1,10 +1,10 @@
-"""`opsctl health --probe`'s verdict (opsctl.health.check_probe): one probe request's outcome and the fresh parity
+"""`opsctl health --probe`'s verdict (opsctl.health.checks.check_probe): one probe request's outcome and the fresh parity
 lines the running invocation printed after it, judged by the gate's rules. Pure: facts in, a level out."""
 
 from __future__ import annotations
 
-from opsctl.health import Level, ProbeFacts, check_probe
-from opsctl.parity import ParityLine, parse_line
+from opsctl.gate.lines import ParityLine, parse_line
+from opsctl.health.checks import Level, ProbeFacts, check_probe
 
 from .hosts import host
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from opsctl.health import Level, evaluate, facts_from_probe, lock_owner, pid_alive, probe_command, read_probe
+from opsctl.health.checks import Level, evaluate, facts_from_probe, lock_owner, pid_alive, probe_command, read_probe
 from opsctl.release import FileEntry, Manifest, release_id
 
 from .hosts import host

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import schedule
 from opsctl.errors import UsageError
+from opsctl.health import schedule
 
 from .hosts import inventory
 

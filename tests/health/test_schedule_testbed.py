@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import schedule
+from opsctl.health import schedule
 from opsctl.inventory import Inventory
-from opsctl.ssh import Remote, connect
+from opsctl.ssh.client import Remote, connect
 from opsctl.testbed import Testbed
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.captures import capturedir as hc
 from opsctl.errors import UsageError
-from opsctl.host import captures as hc
 
 from .shell import HOSTILE, sh
 

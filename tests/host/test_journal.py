@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from opsctl.host import journal as hj
+from opsctl.journal import query as hj
 
 
 def test_poll_resumes_after_the_cursor_quoted() -> None:

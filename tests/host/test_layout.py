@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.errors import DeployFailed
-from opsctl.host import layout as hl
+from opsctl.host import releaseroot as hl
 from opsctl.host.facts import facts_command
 
 from .shell import HOSTILE, sh

@@ -7,7 +7,7 @@ import os
 import shlex
 from pathlib import Path
 
-from opsctl.host.lock import LOCK_LEASE_S, acquire_command, lease_expiry_expr, release_command, renew_command
+from opsctl.lock.hostlock import LOCK_LEASE_S, acquire_command, lease_expiry_expr, release_command, renew_command
 
 from .shell import HOSTILE, sh
 

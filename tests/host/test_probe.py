@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.host import probe as hp
+from opsctl.health import probe as hp
 from opsctl.host.facts import facts_command, parse_facts
 
 from .shell import HOSTILE, sh

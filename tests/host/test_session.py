@@ -9,7 +9,7 @@ import time
 import uuid
 from pathlib import Path
 
-from opsctl.host import session as hs
+from opsctl.ssh import wrap as hs
 
 from .shell import sh
 

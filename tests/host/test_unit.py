@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from opsctl.host import unit as hu
+from opsctl.unit import systemctl as hu
 
 from .shell import sh
 

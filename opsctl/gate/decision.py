@@ -1,0 +1,421 @@
+"""The parity gate of docs/gate.md, as pure decisions over data (no I/O, no clock of its own).
+
+Feed it parity lines, unit observations, SSH outcomes and the time; it answers PENDING until it decides:
+
+* PASS          every TP rank of the unit (``expected_ranks``; when unknown, every rank that printed) has K
+                consecutive passing lines;
+* FAIL          a failing line on any rank (rel >= fail threshold; or a malformed line: NaN, infinite, negative,
+                missing, duplicated or garbled values, no ``tp=``, a rank outside the unit's TP size), a
+                failed/stopped unit, or a crash loop (NRestarts risen by more than max_restarts since the restart);
+* NODATA        no parity line at all before the deadline, or a TP rank that stayed silent (a FAIL for the
+                deployer);
+* INCONCLUSIVE  parity lines but no K-pass streak before the deadline (a FAIL for the deployer);
+* ERROR         SSH failed ssh_retries+1 times in a row: the gate could not look, which is never a pass; or the
+                probe's requests were refused (HTTP 4xx: a wrong endpoint or API key): it could not ask;
+* UNPROVEN      nothing drove verify traffic (``traffic`` NONE: the probe disabled on an HTTP server) and no line
+                came before the deadline: rolled back but not a verdict on the release (not marked bad).
+
+With the probe (``traffic`` PROBE, docs/gate.md "The probe") the gate also hears the server's readiness and the
+probe's waves: a probe request that fails (HTTP 5xx, a timeout, a malformed answer) is a FAIL; probes answered
+but a rank without a parity line ``parity_grace_s`` after the first answer is a FAIL naming the rank(s); a
+server never ready by the deadline is a FAIL.
+
+Lines that are not evidence are IGNORED, never counted either way: when the gate knows the invocation's token,
+a parity line with a missing or different ``token=`` (a forgery, or a line of another run). Each is reported once,
+with its reason (``ignored_reason``), by whoever feeds the gate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from ..inventory import GateSettings
+from .lines import ParityLine, misplaced_marker, parse_line
+from .traffic import ProbeTally, Wave
+
+
+class LineVerdict(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    IGNORED = "IGNORED"
+
+
+class Verdict(StrEnum):
+    PENDING = "PENDING"
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    NODATA = "NODATA"
+    ERROR = "ERROR"
+    UNPROVEN = "UNPROVEN"
+
+    @property
+    def ok(self) -> bool:
+        return self is Verdict.PASS
+
+
+class Traffic(StrEnum):
+    """What makes the unit print parity lines while the gate watches."""
+
+    SELF = "self"  # the replay service prints on a timer: no line by the deadline means it is broken (NODATA)
+    PROBE = "probe"  # the gate's own probe requests (gate.probe): readiness and the waves are evidence too
+    NONE = "none"  # only whatever traffic the host gets: no line at all by the deadline is UNPROVEN
+
+
+NO_TRAFFIC_REASON = "no verify traffic; enable gate.probe or deploy under load"
+
+
+def classify(line: ParityLine, settings: GateSettings) -> LineVerdict:
+    """One parity line -> PASS / FAIL / INCONCLUSIVE. A malformed line or anything not finite fails."""
+    if line.problems or not line.finite or line.rel < 0:
+        return LineVerdict.FAIL
+    if line.rel >= settings.fail_rel:
+        return LineVerdict.FAIL
+    if line.rel <= settings.pass_rel:
+        return LineVerdict.PASS
+    return LineVerdict.INCONCLUSIVE
+
+
+@dataclass(frozen=True)
+class UnitObservation:
+    """What ``systemctl show`` said about the unit at one poll."""
+
+    active_state: str
+    sub_state: str
+    n_restarts: int
+    invocation_id: str
+    result: str = "success"
+
+
+@dataclass
+class GateState:
+    settings: GateSettings
+    started_at: float
+    deadline_s: float
+    baseline_restarts: int = 0
+    expected_ranks: int | None = None
+    token: str | None = None
+    verdict: Verdict = Verdict.PENDING
+    reason: str = ""
+    decided_at: float | None = None
+    streaks: dict[int | None, int] = field(default_factory=dict)
+    counts: dict[LineVerdict, int] = field(default_factory=lambda: dict.fromkeys(LineVerdict, 0))
+    last_by_rank: dict[int | None, ParityLine] = field(default_factory=dict)
+    worst: ParityLine | None = None
+    restarts_seen: int = 0
+    ssh_failures_in_a_row: int = 0
+    last_ssh_error: str = ""
+    traffic: Traffic = Traffic.SELF
+    parity_grace_s: float = 30.0  # PROBE: how long after the first answered probe every rank must have printed
+    ready_at: float | None = None  # PROBE: when the server first answered its readiness path with 200
+    not_ready: str = ""  # PROBE: the last readiness answer that was not 200 (for the deadline's reason)
+    first_answer_at: float | None = None  # PROBE: when the first probe request was answered
+    probe: ProbeTally = field(default_factory=ProbeTally)
+
+    @classmethod
+    def every_line(
+        cls, settings: GateSettings, *, expected_ranks: int | None, token: str | None, deadline_s: float = 1.0
+    ) -> GateState:
+        """A gate for a finite batch of lines (pre-restart checks, capture replays) that never stops at a PASS: it
+        needs no K-pass streak, so a failure after the K-th pass still decides FAIL."""
+        never = settings.model_copy(update={"consecutive_passes": 1000})
+        return cls(settings=never, started_at=0.0, deadline_s=deadline_s, expected_ranks=expected_ranks, token=token)
+
+    @property
+    def decided(self) -> bool:
+        return self.verdict is not Verdict.PENDING
+
+    @property
+    def lines(self) -> int:
+        """Counted parity lines (ignored ones excluded)."""
+        return sum(n for lv, n in self.counts.items() if lv is not LineVerdict.IGNORED)
+
+    def conclude(self, now: float) -> None:
+        """No more evidence will come (the end of an offline journal): decide as the deadline would."""
+        self.tick(max(now, self.started_at + self.deadline_s))
+
+    def _decide(self, verdict: Verdict, reason: str, now: float) -> None:
+        if not self.decided:
+            self.verdict, self.reason, self.decided_at = verdict, reason, now
+
+    def ignored_reason(self, line: ParityLine) -> str | None:
+        """Why this line is not evidence at all (None when it is): a missing or foreign token."""
+        if self.token is None:
+            return None
+        if line.carries(self.token):
+            return None
+        if line.token is None:
+            return "no token= (not printed by the watched invocation)"
+        return "wrong token= (not printed by the watched invocation)"
+
+    def problems(self, line: ParityLine) -> tuple[str, ...]:
+        """What makes a line malformed here: its own problems, plus a rank outside the unit's TP size."""
+        out = line.problems
+        if self.expected_ranks is not None and line.rank is not None and line.rank >= self.expected_ranks:
+            out = (*out, f"tp={line.rank} outside the unit's {self.expected_ranks} TP ranks")
+        return out
+
+    def judge_line(self, line: ParityLine) -> LineVerdict:
+        """One line's verdict here (malformed for this unit -> FAIL, else the thresholds); counts nothing."""
+        return LineVerdict.FAIL if self.problems(line) else classify(line, self.settings)
+
+    def feed(self, line: ParityLine, now: float) -> LineVerdict:
+        """Count one parity line (in journal order). Lines after the decision are classified but change nothing."""
+        if self.ignored_reason(line) is not None:
+            self.counts[LineVerdict.IGNORED] += 1
+            return LineVerdict.IGNORED
+        problems = self.problems(line)
+        lv = self.judge_line(line)
+        if self.decided:
+            return lv
+        self.counts[lv] += 1
+        self.last_by_rank[line.rank] = line
+        if self.worst is None or _badness(line.rel) >= _badness(self.worst.rel):
+            self.worst = line
+        where = line.where
+        if lv is LineVerdict.FAIL:
+            self.streaks[line.rank] = 0
+            if problems:
+                reason = f"malformed parity line {where}: {'; '.join(problems)}"
+            elif math.isfinite(line.rel):
+                reason = f"parity {where} rel={line.rel:.4g} >= fail threshold {self.settings.fail_rel:g}"
+            else:
+                reason = f"parity {where} is not finite (rel={line.rel})"
+            self._decide(Verdict.FAIL, reason, now)
+        elif lv is LineVerdict.INCONCLUSIVE:
+            self.streaks[line.rank] = 0
+        else:
+            self.streaks[line.rank] = self.streaks.get(line.rank, 0) + 1
+            self._check_pass(now)
+        return lv
+
+    def silent_ranks(self) -> list[int]:
+        """The unit's TP ranks that have printed no counted parity line yet."""
+        if self.expected_ranks is None:
+            return []
+        return [r for r in range(self.expected_ranks) if r not in self.last_by_rank]
+
+    def _check_pass(self, now: float) -> None:
+        k = self.settings.consecutive_passes
+        if not self.streaks or any(s < k for s in self.streaks.values()) or self.silent_ranks():
+            return
+        ranks = [r for r in self.streaks if r is not None]
+        who = f" on each of {len(self.streaks)} ranks" if len(ranks) > 1 else ""
+        self._decide(
+            Verdict.PASS, f"{k} consecutive passing parity lines{who} (rel <= {self.settings.pass_rel:g})", now
+        )
+
+    def observe_unit(self, obs: UnitObservation, now: float) -> None:
+        self.ssh_failures_in_a_row = 0
+        self.restarts_seen = max(0, obs.n_restarts - self.baseline_restarts)
+        if self.decided:
+            return
+        if obs.active_state == "failed":
+            self._decide(Verdict.FAIL, f"unit failed (result={obs.result}, restarts={self.restarts_seen})", now)
+        elif self.restarts_seen > self.settings.max_restarts:
+            self._decide(
+                Verdict.FAIL,
+                f"crash loop: the unit restarted {self.restarts_seen} times (max {self.settings.max_restarts})",
+                now,
+            )
+        elif obs.active_state == "inactive":
+            self._decide(
+                Verdict.FAIL, f"unit stopped (state {obs.active_state}/{obs.sub_state}, result={obs.result})", now
+            )
+
+    def server_ready(self, now: float) -> None:
+        """The server answered its readiness path with 200 (the probe's waves start now)."""
+        if self.ready_at is None:
+            self.ready_at = now
+
+    def server_not_ready(self, detail: str) -> None:
+        self.not_ready = detail
+
+    def probe_wave(self, wave: Wave, now: float) -> None:
+        """One wave of probe requests. A request the server could not serve fails the release; one it refused
+        (HTTP 4xx) means the probe cannot ask this server, an ERROR, not a verdict on the release."""
+        self.probe.add(wave)
+        if wave.answered and self.first_answer_at is None:
+            self.first_answer_at = now
+        failed = wave.failed
+        if self.decided or not failed:
+            return
+        reasons = "; ".join(dict.fromkeys(r.error or r.kind for r in failed))
+        n = len(wave.requests)
+        if all(r.refused for r in failed):
+            self._decide(
+                Verdict.ERROR,
+                f"probe requests refused: {len(failed)} of {n} ({reasons}); check gate.probe (endpoint, prompts) "
+                f"and the API key in service.environment_file",
+                now,
+            )
+            return
+        self._decide(Verdict.FAIL, f"probe requests failed: {len(failed)} of {n} ({reasons})", now)
+
+    def ssh_failed(self, message: str, now: float) -> None:
+        self.ssh_failures_in_a_row += 1
+        self.last_ssh_error = message
+        if self.ssh_failures_in_a_row > self.settings.ssh_retries:
+            self._decide(Verdict.ERROR, f"cannot read the host: {message} ({self.ssh_failures_in_a_row} attempts)", now)
+
+    def _silent_for_probe(self) -> list[int] | None:
+        """PROBE: the ranks still silent once the grace after the first answered probe is over (None: not yet, or
+        no rank is silent)."""
+        silent = self.silent_ranks() if self.expected_ranks is not None else ([] if self.lines else [0])
+        return silent or None
+
+    def tick(self, now: float) -> None:
+        """Apply the deadline (and, with the probe, the grace for parity lines after the first answer)."""
+        if self.decided:
+            return
+        if (
+            self.traffic is Traffic.PROBE
+            and self.first_answer_at is not None
+            and now - self.first_answer_at >= self.parity_grace_s
+            and (silent := self._silent_for_probe())
+        ):
+            ranks = (
+                f"TP rank(s) {', '.join(map(str, silent))} of {self.expected_ranks}"
+                if self.expected_ranks is not None
+                else "the unit"
+            )
+            ignored = self.counts[LineVerdict.IGNORED]
+            self._decide(
+                Verdict.FAIL,
+                f"probes answered ({self.probe.answered} of {self.probe.sent} requests) but {ranks} printed no "
+                f"parity line within {self.parity_grace_s:g}s of the first answer"
+                + (f" ({ignored} lines ignored: wrong or missing token)" if ignored else ""),
+                now,
+            )
+            return
+        if now - self.started_at < self.deadline_s:
+            return
+        silent = self.silent_ranks()
+        if self.traffic is Traffic.PROBE and self.ready_at is None and self.lines == 0:
+            self._decide(
+                Verdict.FAIL,
+                f"the server was not ready within {self.deadline_s:g}s ({self.not_ready or 'no readiness answer'})",
+                now,
+            )
+            return
+        if self.traffic is Traffic.NONE and self.lines == 0 and self.counts[LineVerdict.IGNORED] == 0:
+            self._decide(Verdict.UNPROVEN, f"{NO_TRAFFIC_REASON} (no parity line within {self.deadline_s:g}s)", now)
+            return
+        if self.lines == 0:
+            ignored = self.counts[LineVerdict.IGNORED]
+            self._decide(
+                Verdict.NODATA,
+                f"no parity line within {self.deadline_s:g}s"
+                + (f" ({ignored} lines ignored: wrong or missing token)" if ignored else ""),
+                now,
+            )
+        elif silent:
+            self._decide(
+                Verdict.NODATA,
+                f"TP rank(s) {', '.join(map(str, silent))} of {self.expected_ranks} printed no parity line "
+                f"within {self.deadline_s:g}s",
+                now,
+            )
+        else:
+            c = self.counts
+            self._decide(
+                Verdict.INCONCLUSIVE,
+                f"no {self.settings.consecutive_passes} consecutive passes within {self.deadline_s:g}s "
+                f"({c[LineVerdict.PASS]} pass, {c[LineVerdict.INCONCLUSIVE]} inconclusive)",
+                now,
+            )
+
+    def probe_summary(self) -> dict[str, object] | None:
+        """PROBE: what the probe saw, and the times from the restart to readiness and from readiness to the
+        verdict (seconds)."""
+        if self.traffic is not Traffic.PROBE:
+            return None
+        ready = None if self.ready_at is None else round(self.ready_at - self.started_at, 3)
+        to_verdict = (
+            None if self.ready_at is None or self.decided_at is None else round(self.decided_at - self.ready_at, 3)
+        )
+        return {**self.probe.summary(), "ready_after_s": ready, "verdict_after_ready_s": to_verdict}
+
+    def summary(self) -> dict[str, object]:
+        """JSON-ready figures for history and status."""
+        worst = self.worst
+        probe = self.probe_summary()
+        doc: dict[str, object] = {
+            "verdict": str(self.verdict),
+            "reason": self.reason,
+            "lines": self.lines,
+            "pass": self.counts[LineVerdict.PASS],
+            "fail": self.counts[LineVerdict.FAIL],
+            "inconclusive": self.counts[LineVerdict.INCONCLUSIVE],
+            "ignored": self.counts[LineVerdict.IGNORED],
+            "restarts": self.restarts_seen,
+            # False: the unit did not read the token file, so lines were judged without a token (never silent).
+            "token_checked": self.token is not None,
+            "elapsed_s": round((self.decided_at or self.started_at) - self.started_at, 3),
+            "worst": None
+            if worst is None
+            else {
+                "layer": worst.layer,
+                "rank": worst.rank,
+                "rel": _json_float(worst.rel),
+                "max_abs_diff": _json_float(worst.max_abs_diff),
+            },
+        }
+        if probe is not None:
+            doc["probe"] = probe
+        return doc
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the gate made of one journal message that is, or pretends to be, a parity line."""
+
+    verdict: LineVerdict
+    reason: str
+    raw: str
+    line: ParityLine | None = None  # None: the marker was inside another message
+    after_decision: bool = False  # judged, but the gate had decided already (a deploy would have stopped reading)
+
+
+def line_reason(state: GateState, line: ParityLine, verdict: LineVerdict) -> str:
+    """Why one line got its verdict, in words a reader can check against the thresholds."""
+    s = state.settings
+    if verdict is LineVerdict.IGNORED:
+        return state.ignored_reason(line) or "ignored"
+    problems = state.problems(line)
+    if problems:
+        return "malformed: " + "; ".join(problems)
+    if verdict is LineVerdict.FAIL:
+        return f"rel {line.rel:.4g} >= fail threshold {s.fail_rel:g}"
+    if verdict is LineVerdict.INCONCLUSIVE:
+        return f"{s.pass_rel:g} < rel {line.rel:.4g} < {s.fail_rel:g}: neither pass nor fail, breaks the streak"
+    return f"rel {line.rel:.4g} <= {s.pass_rel:g}"
+
+
+def judge(state: GateState, message: str, now: float) -> Judgement | None:
+    """One journal message into the gate. None for a message that is not about parity at all."""
+    rec = parse_line(message)
+    if not isinstance(rec, ParityLine):
+        if rec is None and misplaced_marker(message):
+            return Judgement(LineVerdict.IGNORED, "[kdtree] inside another message, not a parity line", message)
+        return None
+    return judge_record(state, rec, now)
+
+
+def judge_record(state: GateState, rec: ParityLine, now: float) -> Judgement:
+    """One parsed parity line (or malformed marked line) into the gate."""
+    decided = state.decided
+    verdict = state.feed(rec, now)
+    return Judgement(verdict, line_reason(state, rec, verdict), rec.raw, rec, after_decision=decided)
+
+
+def _badness(rel: float) -> float:
+    """NaN is the worst value of all (it fails the gate)."""
+    return math.inf if math.isnan(rel) else rel
+
+
+def _json_float(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)

@@ -1,0 +1,173 @@
+"""What the read-only host commands (status, releases, service, lock, logs) do on a host, as library calls: the
+CLI renders what these return and never opens SSH itself. The remote command lines come from ``opsctl.host``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..errors import OpsError, UsageError
+from ..gate.lines import ParityLine, parse_line
+from ..inventory import HostConfig
+from ..journal import query as journal_commands
+from ..ssh.remote import Remote
+from ..unit import systemctl as unit_commands
+from . import releaseroot as layout_commands
+from . import rootstate as hs
+
+SERVICE_ACTIONS = ("start", "stop", "status")
+T = TypeVar("T")
+_META_LINE = re.compile(r'\s*"(created_at|commit|dirty)":\s*(.*?),?\s*$')
+
+# ------------------------------------------------------------------------------------------------ commands (pure)
+
+
+def parse_release_meta(text: str) -> dict[str, dict[str, Any]]:
+    """The output of ``host.layout.release_meta_command`` -> {release: {created_at, commit, dirty}}. Pure."""
+    out: dict[str, dict[str, Any]] = {}
+    cur: dict[str, Any] | None = None
+    for line in text.splitlines():
+        if line.startswith("== "):
+            cur = out.setdefault(line[3:].strip(), {})
+            continue
+        m = _META_LINE.match(line)
+        if m and cur is not None:
+            with contextlib.suppress(ValueError):
+                cur[m.group(1)] = json.loads(m.group(2))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ reads (I/O)
+
+
+def _with_host(host: HostConfig, fn: Callable[[Remote], T]) -> T:
+    from ..ssh.client import connect
+
+    with connect(host) as r:
+        return fn(r)
+
+
+@dataclass(frozen=True)
+class ReleasesView:
+    snap: hs.HostSnapshot
+    history: list[dict[str, Any]]
+    meta: dict[str, dict[str, Any]]  # release -> created_at, commit, dirty (from its manifest)
+
+
+def read_releases(host: HostConfig) -> ReleasesView:
+    layout = hs.Layout(host.root)
+
+    def gather(r: Remote) -> ReleasesView:
+        snap = hs.read_snapshot(r, host.root, host.unit)
+        meta = r.run(layout_commands.release_meta_command(layout), timeout=60, check=False).stdout
+        return ReleasesView(snap, hs.read_history(r, layout), parse_release_meta(meta))
+
+    return _with_host(host, gather)
+
+
+@dataclass(frozen=True)
+class StatusView:
+    snap: hs.HostSnapshot
+    history: list[dict[str, Any]]
+    parity: list[ParityLine]  # the running invocation's own lines (its token), newest last
+
+    def latest_parity(self) -> list[ParityLine]:
+        """The newest line of each (rank, layer), in rank then layer order: a whole step's figures, never the
+        tail of a line list that starts in the middle of a step."""
+        return latest_per_rank_and_layer(self.parity)
+
+
+def latest_per_rank_and_layer(lines: list[ParityLine]) -> list[ParityLine]:
+    newest: dict[tuple[int, int], ParityLine] = {}
+    for p in lines:
+        newest[(-1 if p.rank is None else p.rank, p.layer)] = p
+    return [newest[key] for key in sorted(newest)]
+
+
+def read_status(host: HostConfig) -> StatusView:
+    layout = hs.Layout(host.root)
+
+    def gather(r: Remote) -> StatusView:
+        snap = hs.read_snapshot(r, host.root, host.unit)
+        text = ""
+        if snap.unit.invocation_id:
+            text = r.run(
+                journal_commands.latest_parity_lines_command(snap.unit.invocation_id),
+                timeout=60,
+                check=False,
+            ).stdout
+        token = hs.read_parity_token(r, layout)
+        # As the gate sees them: only lines with the running invocation's token are the service's own.
+        parity = [
+            p
+            for p in (parse_line(x) for x in text.split("\n"))  # \n only, as journald splits stdout
+            if isinstance(p, ParityLine) and (token is None or p.carries(token))
+        ]
+        return StatusView(snap, hs.read_history(r, layout), parity)
+
+    return _with_host(host, gather)
+
+
+@dataclass(frozen=True)
+class ServiceOutcome:
+    action: str
+    state: str  # `systemctl is-active` after the action ("" for status)
+    status_text: str = ""  # `systemctl status` (action status)
+    status_rc: int = 0
+
+
+def service(host: HostConfig, action: str | None) -> ServiceOutcome:
+    """Start, stop or show the unit (no gate). An action left out or unknown is refused before connecting."""
+    if action is None or action not in SERVICE_ACTIONS:
+        raise UsageError(f"service action must be start, stop or status, not {action!r}")
+
+    def act(r: Remote) -> ServiceOutcome:
+        if action == "status":
+            res = r.run(unit_commands.status_argv(host.unit), check=False, timeout=60)
+            return ServiceOutcome(action, "", res.stdout.rstrip(), res.rc)
+        r.run(unit_commands.action_argv(action, host.unit), timeout=host.service.start_timeout_s + 60)
+        state = r.run(unit_commands.action_argv("is-active", host.unit), check=False, timeout=60).stdout.strip()
+        return ServiceOutcome(action, state)
+
+    return _with_host(host, act)
+
+
+def read_lock(host: HostConfig, *, break_it: bool = False) -> hs.HostSnapshot:
+    """The host as it was when looked at (its lock owner and lease); ``break_it`` removes the lock whoever holds
+    it and records a lock-break in the history."""
+    layout = hs.Layout(host.root)
+
+    def act(r: Remote) -> hs.HostSnapshot:
+        snap = hs.read_snapshot(r, host.root, host.unit)
+        if break_it and snap.lock_present:
+            hs.release_lock(r, layout, None)
+            hs.append_history(r, layout, {"event": "lock-break", "owner": snap.lock_owner})
+        return snap
+
+    return _with_host(host, act)
+
+
+def read_journal(
+    host: HostConfig, on_line: Callable[[str], None], *, since: str | None, lines: int, follow: bool, kdtree_only: bool
+) -> None:
+    """Each line of the unit's journal (``host.journal.logs_command``, JSON lines) to ``on_line``; following,
+    until Ctrl-C."""
+    remote = journal_commands.logs_command(host.unit, since=since, lines=lines, follow=follow, kdtree_only=kdtree_only)
+
+    def act(r: Remote) -> None:
+        if follow:
+            with contextlib.suppress(KeyboardInterrupt):
+                r.run(remote, timeout=10**8, check=False, on_output=on_line)
+            return
+        res = r.run(remote, timeout=120, check=False)
+        if res.rc not in (0, 1):  # grep exits 1 on no match
+            raise OpsError(f"{host.name}: journalctl failed ({res.rc}): {res.stderr.strip()[-300:]}")
+        for line in res.stdout.split("\n"):  # one JSON entry a line; U+2028 inside an entry is not a line break
+            if line:
+                on_line(line)
+
+    _with_host(host, act)

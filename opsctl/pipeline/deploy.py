@@ -1,0 +1,216 @@
+"""``deploy``: a new release onto one host, as a list of steps (docs/pipeline.md).
+
+preflight -> lock -> upload -> verify -> build -> parity -> switch -> unit -> restart -> gate -> record -> cleanup
+
+Before ``switch`` nothing that runs has changed; ``switch``, ``unit`` and ``restart`` have undos, so a failure,
+a rejected release or a signal anywhere up to the gate's PASS brings the previous release back (runner.py)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from ..errors import DeployFailed, GateFailed, LockHeld
+from ..host import releaseroot as layout_commands
+from ..host import rootstate as hs
+from ..inventory import HostConfig
+from ..release import Manifest, make_manifest, stage
+from ..ssh.session import Connect, DeployRemote, default_connect
+from ..unit import unitfile as unitmod
+from . import prerestart as checks
+from .plan import DeployOptions, make_plan
+from .report import ParityRecorder, Reporter
+from .result import DeployResult, DeployVerdict, HistoryRecord
+from .runner import Concluded, Rejected, Run, Step, execute, lock_step
+from .signals import interruptible
+from .steps import gate_or_reject_step, restart_step, snapshot, switch_step, unit_step
+
+
+def _preflight(manifest: Manifest) -> Step:
+    def run_(run: Run) -> str:
+        host, opts = run.host, run.opts
+        snap = snapshot(run)
+        plan = make_plan(host, manifest, snap, opts)
+        run.result.plan = plan
+        run.result.current_after = snap.current
+        detail = f"current {snap.current or 'none'}, unit {snap.unit.active_state}, {snap.free_mb} MB free"
+        if snap.lock_present and not snap.lock_stale and not opts.dry_run:
+            raise LockHeld(
+                f"{host.name}: the deploy lock is held by {hs.describe_owner(snap.lock_owner)}. Wait for it, or if "
+                f"that run is gone: opsctl lock {host.name} release --force"
+            )
+        if plan.refusal:
+            if opts.dry_run:
+                raise Concluded(DeployVerdict.REFUSED, plan.refusal, detail)
+            raise DeployFailed(plan.refusal)
+        if plan.up_to_date:
+            raise Concluded(
+                DeployVerdict.UP_TO_DATE,
+                f"{manifest.id} is already current; `opsctl restart {host.name}` restarts and gates it, --force redeploys",
+                detail,
+            )
+        if opts.dry_run:
+            raise Concluded(DeployVerdict.PLANNED, "dry run: nothing changed", detail)
+        return detail
+
+    return Step("preflight", run_, detail=lambda run: f"{run.host.name} ({run.host.target})")
+
+
+def _start_record(manifest: Manifest) -> Step:
+    def run_(run: Run) -> None:
+        hs.ensure_layout(run.r, run.layout, adopted=False)
+        owner = run.owner
+        assert owner is not None, "the start is recorded under the lock"
+        run.record(
+            HistoryRecord(
+                event="deploy-start",
+                release=manifest.id,
+                previous=run.previous,
+                by=f"{owner.user}@{owner.client}",
+                commit=manifest.commit,
+                dirty=manifest.dirty,
+            )
+        )
+
+    return Step("record start", run_, shown=False)
+
+
+def _upload(src: Path, manifest: Manifest) -> Step:
+    def run_(run: Run) -> str:
+        plan = run.result.plan
+        with tempfile.TemporaryDirectory(prefix="opsctl-bundle-") as tmp:
+            staged = stage(src, manifest, Path(tmp) / manifest.id)
+            stats = run.r.rsync(
+                staged, run.layout.release(manifest.id), link_dest=plan.link_dest if plan else None, timeout=1800
+            )
+        run.result.bytes_sent = stats.bytes_sent
+        # Counted as verify counts them (the release's files; manifest.json travels beside them), so the two
+        # steps' numbers agree; rsync sends only what the previous release (--link-dest) does not already hold.
+        total = len(manifest.files)
+        sent = max(0, stats.files_transferred - 1)  # rsync's count includes manifest.json, which is always new
+        reused = f", {total - sent} linked from {plan.link_dest.rsplit('/', 1)[-1]}" if plan and plan.link_dest else ""
+        return f"{total} files + manifest ({sent} sent{reused}), {stats.bytes_sent} bytes"
+
+    return Step("upload", run_, detail=lambda run: run.layout.release(manifest.id))
+
+
+def _verify(manifest: Manifest) -> Step:
+    def run_(run: Run) -> str:
+        release_dir = run.layout.release(manifest.id)
+        run.r.run(layout_commands.verify_checksums_command(release_dir), stdin=manifest.checklist(), timeout=300)
+        remote = Manifest.from_json(run.r.read_file(f"{release_dir}/manifest.json"))
+        if remote.id != manifest.id:
+            raise DeployFailed(f"manifest on the host names {remote.id}, expected {manifest.id}")
+        return f"{len(manifest.files)} files + manifest match"
+
+    return Step("verify", run_)
+
+
+def _build(manifest: Manifest) -> Step:
+    return Step("build", lambda run: checks.build(run.r, run.host, run.layout, manifest.id))
+
+
+def _parity(manifest: Manifest) -> Step:
+    """Pre-restart parity: a FAIL rejects the release before anything that runs has changed."""
+
+    def run_(run: Run) -> str:
+        seen = ParityRecorder(run.reporter)
+        try:
+            return checks.prerestart_parity(run.r, run.host, run.layout, manifest.id, seen)
+        except GateFailed as e:
+            # Reported like the gate: the lines (above), verdict FAIL, the failing layers in the reason.
+            reason = checks.prerestart_fail_reason(seen.lines, run.host.gate.fail_rel) or e.message
+            raise Rejected(DeployVerdict.FAIL, reason, stage="pre-restart parity", detail=f"FAIL: {reason}") from e
+
+    return Step("parity", run_, when=lambda run: not run.opts.skip_prerestart_parity)
+
+
+def _store_unit(src: Path, manifest: Manifest) -> Step:
+    def run_(run: Run) -> None:
+        text = unitmod.render_from_tree(src, run.host)
+        run.r.write_file(f"{run.layout.release(manifest.id)}/unit.service", text.encode())
+
+    return Step("store unit", run_, shown=False)
+
+
+def _staged(manifest: Manifest) -> Step:
+    """--no-restart: `current` is switched, the running service picks it up at its next restart."""
+
+    def run_(run: Run) -> None:
+        run.record(HistoryRecord(event="deploy", release=manifest.id, verdict="STAGED", reason="--no-restart"))
+        run.committed = True
+        raise Concluded(
+            DeployVerdict.STAGED,
+            f"current switched; the running service picks it up at the next `opsctl restart {run.host.name}`",
+        )
+
+    return Step("staged", run_, when=lambda run: run.opts.no_restart, shown=False)
+
+
+def _record_pass(manifest: Manifest) -> Step:
+    def run_(run: Run) -> None:
+        run.call(lambda r: hs.set_last_good(r, run.layout, manifest.id))
+        run.record(
+            HistoryRecord(
+                event="deploy",
+                release=manifest.id,
+                previous=run.previous,
+                verdict="PASS",
+                gate=run.result.gate,
+            )
+        )
+
+    return Step("record", run_, shown=False)
+
+
+def _cleanup(manifest: Manifest) -> Step:
+    def run_(run: Run) -> str:
+        def remove(r: DeployRemote) -> list[str]:
+            snap = hs.read_snapshot(r, run.host.root, run.host.unit)
+            keep = [snap.current, snap.last_good, manifest.id, run.previous]
+            doomed = hs.select_for_removal(snap.releases, run.host.keep_releases, keep)
+            hs.remove_releases(r, run.layout, doomed)
+            return doomed
+
+        removed = run.call(remove)
+        return f"removed {', '.join(removed)}" if removed else "nothing to remove"
+
+    return Step("cleanup", run_)
+
+
+def deploy_steps(src: Path, manifest: Manifest, command: str = "deploy") -> list[Step]:
+    """``command`` names the lock's owner (``deploy``, or a fleet roll-out's wave)."""
+    new = lambda run: manifest.id  # noqa: E731
+    return [
+        _preflight(manifest),
+        lock_step(lambda run: f"{command} {manifest.id}"),
+        _start_record(manifest),
+        _upload(src, manifest),
+        _verify(manifest),
+        _build(manifest),
+        _parity(manifest),
+        _store_unit(src, manifest),
+        switch_step(new, undoable=True),
+        unit_step(new, undoable=True),
+        _staged(manifest),
+        restart_step(undoable=True),
+        gate_or_reject_step(),
+        _record_pass(manifest),
+        _cleanup(manifest),
+    ]
+
+
+@interruptible
+def deploy(
+    host: HostConfig,
+    src: Path,
+    opts: DeployOptions,
+    reporter: Reporter | None = None,
+    *,
+    connect: Connect = default_connect,
+    command: str = "deploy",
+) -> DeployResult:
+    """Deploy the tree at ``src`` to ``host`` and gate it; every outcome is a ``DeployResult`` or an OpsError."""
+    manifest = make_manifest(src)
+    with Run.open(host, "deploy", reporter, connect, opts, release=manifest.id) as run:
+        return execute(run, deploy_steps(src, manifest, command))

@@ -1,0 +1,158 @@
+"""What a deploy would do on a host, or why it refuses; where a rollback goes. Pure: data in, data out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import DeployFailed
+from ..gate.traffic import plan_lines
+from ..host import rootstate as hs
+from ..host.rootstate import HostSnapshot, Layout
+from ..inventory import HostConfig
+from ..release import Manifest
+from ..unit import unitfile as unitmod
+
+PRE_RESTART_PARITY_STEPS = 3
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    dry_run: bool = False
+    no_restart: bool = False
+    gate_timeout_s: float | None = None
+    force: bool = False
+    skip_prerestart_parity: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    host: str
+    release: str
+    previous: str | None
+    steps: tuple[str, ...]
+    notes: tuple[str, ...]
+    refusal: str | None = None
+    up_to_date: bool = False
+    link_dest: str | None = None
+    probe: tuple[str, ...] = ()  # the gate's probe plan in words (empty: no restart, so no gate)
+
+    def describe(self) -> list[str]:
+        head = f"deploy {self.release} to {self.host} (current: {self.previous or 'none'})"
+        return [
+            head,
+            *(f"  {i}. {s}" for i, s in enumerate(self.steps, 1)),
+            *(f"  {p}" for p in self.probe),
+            *(f"  note: {n}" for n in self.notes),
+        ]
+
+
+def refusal(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: DeployOptions) -> str | None:
+    """Why a deploy of ``manifest`` must not start on this host, in the order an operator would fix it; None when
+    it may. Pure."""
+    if not snap.is_managed and not snap.is_virgin:
+        found = []
+        if snap.unit.exists:
+            found.append(f"unit {host.unit} ({snap.unit.fragment_path or snap.unit.load_state})")
+        if snap.root_exists:
+            found.append(f"directory {host.root}")
+        return (
+            f"{host.name} has an install opsctl does not manage ({', '.join(found)}). Record it first with "
+            f"`opsctl adopt {host.name}` (it becomes release zero, the rollback target)."
+        )
+    if snap.lock_present and not snap.lock_stale:
+        return f"{host.name}: the deploy lock is held by {hs.describe_owner(snap.lock_owner)}"
+    if snap.free_mb is not None and snap.free_mb < host.min_free_disk_mb:
+        return f"{host.name}: only {snap.free_mb} MB free under {host.root} (need {host.min_free_disk_mb} MB)"
+    if host.gpu_arch is not None and host.gpu_arch not in snap.gpu_compute_caps:
+        seen = ", ".join(snap.gpu_compute_caps) or "no GPU visible to nvidia-smi"
+        return f"{host.name}: inventory says gpu_arch {host.gpu_arch} but the host reports {seen}"
+    if manifest.id in snap.bad and not opts.force:
+        why = snap.bad_reasons.get(manifest.id) or "a failed gate"
+        return f"{host.name}: release {manifest.id} is marked bad there ({why}); use --force to deploy it anyway"
+    return None
+
+
+def _notes(host: HostConfig, manifest: Manifest, snap: HostSnapshot) -> list[str]:
+    notes = []
+    if snap.unit.drop_in_paths:
+        notes.append(f"drop-ins override parts of the unit: {snap.unit.drop_in_paths}")
+    if snap.is_virgin:
+        notes.append(f"virgin host (no unit, no {host.root}): first deploy creates both")
+    if manifest.dirty:
+        notes.append("the working tree has uncommitted changes (recorded in the manifest)")
+    return notes
+
+
+def _steps(
+    host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: DeployOptions, link_dest: str | None
+) -> list[str]:
+    """The deploy's steps as the plan prints them (the step list of ship.py, in words)."""
+    layout = Layout(host.root)
+    steps = [
+        "preflight: ssh, GPU compute capability, disk, unit, lock",
+        f"lock {layout.lock}",
+        f"upload into {layout.release(manifest.id)}"
+        + (f" (hard-linking unchanged files from {snap.current})" if link_dest else ""),
+        "verify manifest sha256 on the host",
+        f"build the extension (arch {host.gpu_arch or 'none: reference path'}, timeout {host.build_timeout_s:g}s)",
+    ]
+    if not opts.skip_prerestart_parity:
+        steps.append(f"pre-restart parity ({PRE_RESTART_PARITY_STEPS} replay steps, rel < {host.gate.fail_rel:g})")
+    steps += [
+        f"switch {layout.current} -> releases/{manifest.id}",
+        f"install {unitmod.unit_path(host)} (daemon-reload if changed)",
+    ]
+    if not opts.no_restart:
+        deadline = opts.gate_timeout_s or host.gate.deadline_s
+        steps += [
+            f"restart {host.unit}",
+            f"gate: {host.gate.consecutive_passes} consecutive parity passes within {deadline:g}s, else roll back to {snap.current or 'nothing'}",
+        ]
+    steps.append(f"unlock, record, keep {host.keep_releases} releases")
+    return steps
+
+
+def make_plan(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: DeployOptions) -> Plan:
+    """What a deploy would do on this host, or why it refuses. No I/O."""
+    refused = refusal(host, manifest, snap, opts)
+    link_dest = Layout(host.root).release(snap.current) if snap.current and snap.current in snap.releases else None
+    return Plan(
+        host=host.name,
+        release=manifest.id,
+        previous=snap.current,
+        steps=tuple(_steps(host, manifest, snap, opts, link_dest)),
+        notes=tuple(_notes(host, manifest, snap)),
+        refusal=refused,
+        up_to_date=refused is None and manifest.id == snap.current and not opts.force,
+        link_dest=link_dest,
+        probe=() if opts.no_restart else tuple(plan_lines(host)),
+    )
+
+
+def rollback_target(snap: HostSnapshot, to: str | None, force: bool, history: list[dict[str, Any]]) -> str:
+    """Where `opsctl rollback` goes: --to ID, else the newest good release other than current. Pure."""
+    if to is not None:
+        hs.check_id(to)
+        if to not in snap.releases:
+            raise DeployFailed(f"release {to} is not on the host (have: {', '.join(sorted(snap.releases)) or 'none'})")
+        if to in snap.bad and not force:
+            raise DeployFailed(f"release {to} is marked bad; use --force to roll back to it anyway")
+        if to == snap.current:
+            raise DeployFailed(f"release {to} is already current")
+        return to
+    passed = [r["release"] for r in history if r.get("verdict") == "PASS" or r.get("event") == "adopt"]
+    candidates = [r for r in reversed(passed) if r != snap.current and r in snap.releases and r not in snap.bad]
+    if (
+        snap.last_good
+        and snap.last_good != snap.current
+        and snap.last_good in snap.releases
+        and snap.last_good not in snap.bad
+    ):
+        candidates.insert(0, snap.last_good)
+    if not candidates:
+        raise DeployFailed(
+            "nothing to roll back to: no other release on the host has passed a gate"
+            + (f" (current is {snap.current})" if snap.current else " (no release deployed yet)")
+        )
+    return candidates[0]
