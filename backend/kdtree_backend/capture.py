@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from .tensorfile import write_tensors
+from .wire import CAPTURE_ID_RE
 
 FORMAT = "kdtree-capture/1"
 CAPTURE_SUBDIR = "capture"
@@ -63,7 +64,6 @@ POLL_S = 1.0
 IF_NODES_ENV = "KDTREE_CAPTURE_IF_NODES"  # 0: never put the graph's capture writes in a conditional node
 MAX_STEPS = 64
 MAX_LAYERS = 512
-ID_RE = re.compile(r"c\d{8}T\d{6}Z-[0-9a-f]{6}")
 CALL_RE = re.compile(r"tp(\d{1,4})-L(\d{1,6})-s(\d{1,9})")
 FILES = ("inputs", "sglang", "output")
 DIR_MODE = 0o700
@@ -122,7 +122,7 @@ def parse_request(data: object) -> CaptureRequest:
     if not isinstance(data, Mapping):
         raise CaptureError("request must be a JSON object")
     ident = data.get("id")
-    if not isinstance(ident, str) or not ID_RE.fullmatch(ident):
+    if not isinstance(ident, str) or not CAPTURE_ID_RE.fullmatch(ident):
         raise CaptureError(f"request.id must look like c20260601T120000Z-0a1b2c, got {ident!r}")
     layers_raw = data.get("layers")
     if not isinstance(layers_raw, list) or not 1 <= len(layers_raw) <= MAX_LAYERS:

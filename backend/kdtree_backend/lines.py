@@ -8,14 +8,11 @@ only lines with the token it handed out, so text that merely looks like a parity
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-PREFIX = "[kdtree]"
-TOKEN_ENV = "KDTREE_PARITY_TOKEN"
-_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{8,128}")
+from .wire import MARKER, PARITY_TOKEN_VAR, TOKEN_RE
 
 
 @dataclass(frozen=True)
@@ -29,8 +26,8 @@ class ParityIdentity:
     def from_env(tp: int = 0, environ: Mapping[str, str] | None = None) -> ParityIdentity:
         """The token from the environment; a malformed one is dropped (the gate then ignores our lines, which
         fails the deploy loudly rather than letting a token with spaces break the line's fields)."""
-        raw = (os.environ if environ is None else environ).get(TOKEN_ENV, "").strip()
-        return ParityIdentity(tp=int(tp), token=raw if _TOKEN_RE.fullmatch(raw) else None)
+        raw = (os.environ if environ is None else environ).get(PARITY_TOKEN_VAR, "").strip()
+        return ParityIdentity(tp=int(tp), token=raw if TOKEN_RE.fullmatch(raw) else None)
 
 
 def _shape(shape: Sequence[int]) -> str:
@@ -52,7 +49,7 @@ def format_shapes(
 ) -> str:
     """``[kdtree] shapes q=(9, 8, 576) kv_buf=(195012, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=30 ...``"""
     line = (
-        f"{PREFIX} shapes q={_shape(q)} kv_buf={_shape(kv_buf)} bs={bs} q_len={q_len} Dl={dl} Dr={dr} "
+        f"{MARKER} shapes q={_shape(q)} kv_buf={_shape(kv_buf)} bs={bs} q_len={q_len} Dl={dl} Dr={dr} "
         f"kv_len_max={kv_len_max} scale={scale:.5f} mask={_shape(mask)}"
     )
     return line + "".join(f" {key}={value}" for key, value in extra.items())
@@ -62,7 +59,7 @@ def format_parity(
     layer: int, max_abs_diff: float, mean: float, rel: float, identity: ParityIdentity, **extra: object
 ) -> str:
     """``[kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00 tp=0 token=...``"""
-    line = f"{PREFIX} L{layer} max_abs_diff={max_abs_diff:.4e} mean={mean:.4e} rel={rel:.4e} tp={identity.tp}"
+    line = f"{MARKER} L{layer} max_abs_diff={max_abs_diff:.4e} mean={mean:.4e} rel={rel:.4e} tp={identity.tp}"
     if identity.token is not None:
         line += f" token={identity.token}"
     return line + "".join(f" {key}={value}" for key, value in extra.items())
@@ -70,7 +67,7 @@ def format_parity(
 
 def format_fallback(reason: str, **extra: object) -> str:
     """``[kdtree] fallback reason=fp8_kv_cache path=triton``"""
-    return f"{PREFIX} fallback reason={reason}" + "".join(f" {key}={value}" for key, value in extra.items())
+    return f"{MARKER} fallback reason={reason}" + "".join(f" {key}={value}" for key, value in extra.items())
 
 
 def emit(line: str) -> None:

@@ -31,10 +31,8 @@ from .capture import Capturer
 from .config import ConfigError, ReplayConfig, load_config
 from .lines import OncePer, ParityIdentity, emit, format_fallback, format_parity
 from .verify import attend, kernel_usable, marshal_verify, parity_stats, shapes_line, shapes_signature
+from .wire import REPLAY_EXIT_OK, REPLAY_EXIT_PARITY_FAILED, REPLAY_EXIT_USAGE
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_PARITY_FAILED = 3
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 # (rank, (max_abs_diff, mean, rel)) -> the stats to print, or None to print no parity line: the stand-in
@@ -71,10 +69,10 @@ class ReplayOutcome:
 def verdict_exit_code(outcome: ReplayOutcome, threshold: float | None) -> int:
     """Exit status of a finite run: 3 when a threshold was given and a parity line exceeded it (or none ran)."""
     if threshold is None:
-        return EXIT_OK
+        return REPLAY_EXIT_OK
     if outcome.parity_lines == 0 or outcome.over_threshold > 0:
-        return EXIT_PARITY_FAILED
-    return EXIT_OK
+        return REPLAY_EXIT_PARITY_FAILED
+    return REPLAY_EXIT_OK
 
 
 def _layers_arg(raw: str) -> tuple[int, ...]:
@@ -306,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config()
     except ConfigError as exc:
         print(f"kdtree-replay: bad configuration: {exc}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        return REPLAY_EXIT_USAGE
     args = build_parser(config.replay).parse_args(argv)
     if args.captures is not None:
         from .replay_captures import run_cli
@@ -315,12 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_cli(args.captures, resolve_device(args.device), args.threshold)
         except ValueError as exc:
             print(f"kdtree-replay: {exc}", file=sys.stderr, flush=True)
-            return EXIT_USAGE
+            return REPLAY_EXIT_USAGE
     try:
         settings = settings_from_args(args)
     except ValueError as exc:
         print(f"kdtree-replay: {exc}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        return REPLAY_EXIT_USAGE
 
     stop = stop_on_signals("kdtree-replay:")
     started = time.monotonic()
@@ -328,9 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcome = run(settings, stop)
     except ValueError as exc:
         print(f"kdtree-replay: {exc}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        return REPLAY_EXIT_USAGE
     if stop.is_set():  # a service stopped by SIGTERM is fine; an interrupted parity check is not a pass
-        code = EXIT_OK if settings.threshold is None else EXIT_PARITY_FAILED
+        code = REPLAY_EXIT_OK if settings.threshold is None else REPLAY_EXIT_PARITY_FAILED
     else:
         code = verdict_exit_code(outcome, settings.threshold)
     print(

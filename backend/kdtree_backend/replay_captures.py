@@ -39,10 +39,7 @@ from .capture import CALL_RE, FILES, FORMAT, CaptureError
 from .lines import ParityIdentity, emit, format_parity
 from .tensorfile import TensorFileError, read_tensors
 from .verify import attend, kernel_usable, marshal_verify, parity_stats
-
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_PARITY_FAILED = 3
+from .wire import REPLAY_EXIT_OK, REPLAY_EXIT_PARITY_FAILED, REPLAY_EXIT_USAGE
 
 
 @dataclass
@@ -200,8 +197,8 @@ class ReplaySummary:
 
     def exit_code(self, threshold: float | None) -> int:
         if threshold is None:
-            return EXIT_OK
-        return EXIT_PARITY_FAILED if self.damaged or self.over_threshold else EXIT_OK
+            return REPLAY_EXIT_OK
+        return REPLAY_EXIT_PARITY_FAILED if self.damaged or self.over_threshold else REPLAY_EXIT_OK
 
 
 def replay_captures(
@@ -242,7 +239,7 @@ def run_cli(root: Path, device: torch.device, threshold: float | None) -> int:
     """``python -m kdtree_backend.replay --captures DIR``: replay, then one summary line; the exit status."""
     if root.exists() and not root.is_dir():
         print(f"kdtree-replay: --captures {root}: not a directory", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        return REPLAY_EXIT_USAGE
     if not root.exists():  # nothing was ever captured on this host: nothing to replay
         print(f"kdtree-replay: no captures under {root}", file=sys.stderr, flush=True)
     if device.type == "cpu":

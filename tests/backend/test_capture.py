@@ -27,13 +27,12 @@ from kdtree_backend.capture import (
 from kdtree_backend.config import ParityConfig
 from kdtree_backend.engine import VerifyEngine
 from kdtree_backend.replay_captures import (
-    EXIT_OK,
-    EXIT_PARITY_FAILED,
     dense_reference,
     find_calls,
     load_call,
     replay_captures,
 )
+from kdtree_backend.wire import REPLAY_EXIT_OK, REPLAY_EXIT_PARITY_FAILED
 
 from .emulation import GraphServer, rows_read
 from .helpers import PYTHON, REPO, buggy_release, replay_env
@@ -477,7 +476,7 @@ def test_replay_of_stored_calls_passes_with_this_release_and_names_the_capture(t
     run_engine(directory, steps=3)
     lines: list[str] = []
     summary = replay_captures(directory, torch.device("cpu"), threshold=0.01, sink=lines.append)
-    assert summary.calls == 4 and summary.damaged == 0 and summary.exit_code(0.01) == EXIT_OK
+    assert summary.calls == 4 and summary.damaged == 0 and summary.exit_code(0.01) == REPLAY_EXIT_OK
     assert len(lines) == 4
     for line in lines:
         assert f"capture={CAPTURE_ID}/tp0-L" in line and " tp=0" in line
@@ -498,7 +497,7 @@ def test_a_damaged_capture_is_skipped_and_fails_the_replay(tmp_path: Path) -> No
     target.write_bytes(bytes(data))
     warnings: list[str] = []
     summary = replay_captures(directory, torch.device("cpu"), threshold=0.01, sink=lambda _: None, warn=warnings.append)
-    assert summary.calls == 0 and summary.damaged == 1 and summary.exit_code(0.01) == EXIT_PARITY_FAILED
+    assert summary.calls == 0 and summary.damaged == 1 and summary.exit_code(0.01) == REPLAY_EXIT_PARITY_FAILED
     assert "sha256" in warnings[0] and "skipped" in warnings[0]
 
 
