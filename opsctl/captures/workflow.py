@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import OpsError, UsageError
 from ..gate.decision import GateState, Judgement, LineVerdict, Verdict, judge
 from ..host import releaseroot as host_layout
-from ..host import rootstate as hoststate
+from ..host import releaseroot as hoststate
 from ..host.replay import ReleaseCommand, capture_replay_command
 from ..inventory import HostConfig
 from ..release import ADOPTED_ID_RE

@@ -17,7 +17,7 @@ from rich.table import Table
 from ..captures import workflow as cap
 from ..errors import GateFailed
 from ..gate.decision import Verdict
-from ..host.rootstate import new_parity_token
+from ..host.releaseroot import new_parity_token
 from ..inventory import HostConfig
 from . import common
 

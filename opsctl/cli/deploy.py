@@ -36,10 +36,12 @@ from ..errors import (
 from ..fleet import rollout as fleet
 from ..gate.decision import classify
 from ..gate.lines import FallbackLine, ParityLine, ShapesLine, parse_line
-from ..host import rootstate as hs
+from ..host import history as host_history
+from ..host import releaseroot as hs
 from ..host import views as hostinfo
 from ..inventory import HostConfig
 from ..journal.follower import message_text
+from ..lock import hostlock
 from ..pipeline.result import describe_restart_times, last_restart_times
 from ..release import default_tree
 from . import common
@@ -483,7 +485,7 @@ def releases_command(
     host = h.name
     view = hostinfo.read_releases(h)
     snap, hist, info = view.snap, view.history, view.meta
-    verdicts = hs.release_verdicts(hist)
+    verdicts = host_history.release_verdicts(hist)
     rows = []
     for rid in sorted(snap.releases, key=lambda x: snap.releases[x], reverse=True):
         flags = [
@@ -581,7 +583,7 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
         "bad": sorted(snap.bad),
         "last_verdict": last,
         "last_restart": restart_times,
-        "lock": hs.describe_owner(snap.lock_owner) if snap.lock_present else None,
+        "lock": hostlock.describe_owner(snap.lock_owner) if snap.lock_present else None,
         "free_mb": snap.free_mb,
         "parity": [
             {
@@ -823,7 +825,7 @@ def lock_command(
     if action == "release" and not force:
         raise UsageError("breaking a lock needs --force (check `opsctl lock HOST status` first: is its owner gone?)")
     snap = hostinfo.read_lock(h, break_it=action == "release")
-    owner = hs.describe_owner(snap.lock_owner) + lease_text(snap)
+    owner = hostlock.describe_owner(snap.lock_owner) + lease_text(snap)
     if action == "release":
         msg = f"{host}: broke the lock held by {owner}" if snap.lock_present else f"{host}: lock was already free"
         console.print(msg, style="yellow" if snap.lock_present else "green", highlight=False)

@@ -31,7 +31,7 @@ from ..gate.decision import GateState, LineVerdict
 from ..gate.lines import ParityLine, parse_line
 from ..gate.traffic import ProbeClient, serves_http
 from ..host.facts import SystemFacts, parse_facts
-from ..host.rootstate import parse_parity_env
+from ..host.releaseroot import parse_parity_env
 from ..inventory import HostConfig
 from ..journal.follower import parse_entries, parse_mark
 from ..journal.query import SEPARATOR as JOURNAL_SEPARATOR

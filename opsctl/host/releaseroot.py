@@ -10,14 +10,23 @@ nothing built here deletes outside ``<root>/releases`` and ``<root>/state/lock``
 
 from __future__ import annotations
 
+import datetime as dt
+import getpass
+import json
+import secrets
 import shlex
+import socket
+import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import DeployFailed
-from ..lock.hostlock import lease_expiry_expr
+from ..lock.hostlock import json_object_or_none, lease_expiry_expr
 from ..release import ADOPTED_ID_RE, ID_RE
-from .facts import facts_command
+from ..ssh.remote import Remote
+from .facts import facts_command, key_values, parse_facts
+from .replay import PARITY_TOKEN_VAR
 
 
 def valid_id(release: str) -> bool:
@@ -81,7 +90,7 @@ class Layout:
 
 def snapshot_command(root: str, unit: str) -> str:
     """Everything preflight and status need, in one command: the layout's ``key=value`` lines (parsed by
-    ``opsctl.host.rootstate.parse_snapshot``) followed by the host facts (:func:`opsctl.host.facts.facts_command`)."""
+    ``parse_snapshot``) followed by the host facts (:func:`opsctl.host.facts.facts_command`)."""
     lay = Layout(root)
     r = shlex.quote(root)
     return f"""R={r}
@@ -177,3 +186,219 @@ def resolve_current_command(root: str) -> str:
 
 def is_dir_command(path: str) -> str:
     return f"test -d {shlex.quote(path)}"
+
+
+# ---------------------------------------------------------------------------------------------- snapshot (pure)
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    load_state: str = "not-found"
+    active_state: str = "inactive"
+    sub_state: str = "dead"
+    fragment_path: str = ""
+    n_restarts: int = 0
+    invocation_id: str = ""
+    result: str = ""
+    drop_in_paths: str = ""
+
+    @property
+    def exists(self) -> bool:
+        return self.load_state not in ("not-found", "")
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """Everything preflight and status need, read in one command."""
+
+    root_exists: bool
+    managed: dict[str, Any] | None
+    current: str | None
+    releases: dict[str, float]  # id -> mtime
+    bad: frozenset[str]
+    last_good: str | None
+    lock_owner: dict[str, Any] | None
+    lock_present: bool
+    free_mb: int | None
+    unit: UnitInfo
+    gpu_compute_caps: tuple[str, ...]
+    now: float
+    other_root_entries: tuple[str, ...] = field(default_factory=tuple)
+    boot_id: str = ""
+    lock_boot_id: str = ""
+    bad_reasons: dict[str, str] = field(default_factory=dict)  # bad release -> why it was marked (its mark's reason)
+    lock_expires_at: float | None = None  # host epoch seconds: the lock's lease, renewed by the run holding it
+
+    @property
+    def lock_stale(self) -> bool:
+        """A lock that may be taken over: taken during an earlier boot (its holder's commands died with that boot),
+        or whose lease ran out (its holder stopped renewing it: killed, or cut off for longer than the lease)."""
+        if not self.lock_present:
+            return False
+        rebooted = bool(self.lock_boot_id) and self.lock_boot_id != self.boot_id
+        return rebooted or (self.lock_remaining_s is not None and self.lock_remaining_s <= 0)
+
+    @property
+    def lock_remaining_s(self) -> float | None:
+        """Seconds left on the lock's lease (negative: expired; None: no lease recorded)."""
+        if not self.lock_present or self.lock_expires_at is None or not self.now:
+            return None
+        return self.lock_expires_at - self.now
+
+    @property
+    def is_managed(self) -> bool:
+        return self.managed is not None
+
+    @property
+    def is_virgin(self) -> bool:
+        """No unit and nothing in the root but opsctl's own entries (an interrupted first deploy leaves state/)."""
+        return not self.unit.exists and not self.other_root_entries
+
+
+def _float_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_snapshot(stdout: str) -> HostSnapshot:
+    """snapshot_command's output -> HostSnapshot (the host facts in it are read by opsctl.host.facts)."""
+    facts = parse_facts(stdout)
+    kv: dict[str, str] = {}
+    releases: dict[str, float] = {}
+    bad: set[str] = set()
+    bad_reasons: dict[str, str] = {}
+    entries: list[str] = []
+    for key, value in key_values(stdout):
+        if key == "release":
+            mtime, _, name = value.partition(" ")
+            if valid_id(name):
+                releases[name] = float(mtime or 0)
+        elif key == "bad":
+            name, _, mark = value.partition(" ")
+            bad.add(name)
+            reason = (json_object_or_none(mark) or {}).get("reason")
+            if isinstance(reason, str) and reason:
+                bad_reasons[name] = reason
+        elif key == "entry":
+            entries.append(value)
+        else:
+            kv[key] = value
+    current_link = kv.get("current", "")
+    current = current_link.rstrip("/").rsplit("/", 1)[-1] if current_link else None
+    unit = facts.unit
+    info = UnitInfo(
+        load_state=unit.get("LoadState", "not-found"),
+        active_state=unit.get("ActiveState", "inactive"),
+        sub_state=unit.get("SubState", "dead"),
+        fragment_path=unit.get("FragmentPath", ""),
+        n_restarts=int(unit.get("NRestarts") or 0),
+        invocation_id=unit.get("InvocationID", ""),
+        result=unit.get("Result", ""),
+        drop_in_paths=unit.get("DropInPaths", ""),
+    )
+    return HostSnapshot(
+        root_exists=kv.get("root_exists") == "1",
+        managed=json_object_or_none(kv.get("managed", "")),
+        current=current,
+        releases=releases,
+        bad=frozenset(bad),
+        last_good=kv.get("last_good") or None,
+        lock_owner=json_object_or_none(kv.get("lock", "")),
+        lock_present=kv.get("lock_present") == "1",
+        free_mb=facts.disk_free_mb,
+        unit=info,
+        gpu_compute_caps=facts.compute_caps,
+        now=float(kv.get("now") or 0),
+        other_root_entries=tuple(e for e in entries if e not in ("releases", "state", "current")),
+        boot_id=kv.get("boot_id", ""),
+        lock_boot_id=kv.get("lock_boot", ""),
+        lock_expires_at=_float_or_none(kv.get("lock_lease", "")),
+        bad_reasons=bad_reasons,
+    )
+
+
+def read_snapshot(r: Remote, root: str, unit: str) -> HostSnapshot:
+    return parse_snapshot(r.run(snapshot_command(root, unit), timeout=60).stdout)
+
+
+# --------------------------------------------------------------------------------------------- cleanup (pure)
+
+
+def select_for_removal(releases: dict[str, float], keep: int, protected: Iterable[str | None]) -> list[str]:
+    """Releases to delete so that ``keep`` remain: the protected ones (current, last good, the one being deployed)
+    always stay and count towards ``keep``; the newest others fill the rest. The adopted release zero is kept
+    besides (it is the only way back to a hand-made install). Oldest first."""
+    protected_set = {p for p in protected if p and p in releases}
+    zero = {rid for rid in releases if ADOPTED_ID_RE.match(rid)}
+    room = max(0, keep - len(protected_set - zero))
+    others = sorted(
+        (rid for rid in releases if rid not in protected_set and rid not in zero),
+        key=lambda rid: (releases[rid], rid),
+        reverse=True,
+    )
+    return list(reversed(others[room:]))
+
+
+def remove_releases(r: Remote, layout: Layout, ids: Iterable[str]) -> None:
+    argv = remove_releases_argv(layout, ids)  # refuses anything that is not a release id
+    if argv:
+        r.run(argv, timeout=600)
+
+
+# ------------------------------------------------------------------------------------------ state changes
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ensure_layout(r: Remote, layout: Layout, *, adopted: bool) -> None:
+    doc = json.dumps({"since": utc_now(), "adopted": adopted, "by": f"{getpass.getuser()}@{socket.gethostname()}"})
+    r.run(ensure_layout_command(layout, doc), timeout=60)
+
+
+
+
+
+
+
+
+def switch_current(r: Remote, layout: Layout, release: str) -> None:
+    """New symlink under a temp name, then rename(2) over ``current``: readers see the old or the new, never none."""
+    tmp_name = f".current.tmp-{uuid.uuid4().hex[:8]}"
+    r.run(switch_current_command(layout, release, tmp_name), timeout=60)
+
+
+def new_parity_token() -> str:
+    return secrets.token_hex(16)
+
+
+def write_parity_token(r: Remote, layout: Layout, token: str) -> None:
+    """Hand the next invocation of the unit its parity token (EnvironmentFile, read by systemd at each start)."""
+    r.run(make_private_dir_argv(layout.state), timeout=60)
+    r.write_file(layout.parity_env, f"{PARITY_TOKEN_VAR}={token}\n", mode=0o600)
+
+
+def read_parity_token(r: Remote, layout: Layout) -> str | None:
+    """The token the running invocation was started with (None before the first opsctl restart)."""
+    res = r.run(read_quietly_command(layout.parity_env), timeout=60)
+    return parse_parity_env(res.stdout)
+
+
+def parse_parity_env(text: str) -> str | None:
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == PARITY_TOKEN_VAR and value.strip():
+            return value.strip()
+    return None
+
+
+def mark_bad(r: Remote, layout: Layout, release: str, reason: str) -> None:
+    doc = json.dumps({"at": utc_now(), "reason": reason})
+    r.write_file(f"{layout.bad}/{check_id(release)}", (doc + "\n").encode())
+
+
+def set_last_good(r: Remote, layout: Layout, release: str) -> None:
+    r.write_file(layout.last_good, (check_id(release) + "\n").encode())

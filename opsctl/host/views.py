@@ -14,10 +14,12 @@ from ..errors import OpsError, UsageError
 from ..gate.lines import ParityLine, parse_line
 from ..inventory import HostConfig
 from ..journal import query as journal_commands
+from ..lock import hostlock
 from ..ssh.remote import Remote
 from ..unit import systemctl as unit_commands
+from . import history as host_history
+from . import releaseroot as hs
 from . import releaseroot as layout_commands
-from . import rootstate as hs
 
 SERVICE_ACTIONS = ("start", "stop", "status")
 T = TypeVar("T")
@@ -64,7 +66,7 @@ def read_releases(host: HostConfig) -> ReleasesView:
     def gather(r: Remote) -> ReleasesView:
         snap = hs.read_snapshot(r, host.root, host.unit)
         meta = r.run(layout_commands.release_meta_command(layout), timeout=60, check=False).stdout
-        return ReleasesView(snap, hs.read_history(r, layout), parse_release_meta(meta))
+        return ReleasesView(snap, host_history.read_history(r, layout), parse_release_meta(meta))
 
     return _with_host(host, gather)
 
@@ -107,7 +109,7 @@ def read_status(host: HostConfig) -> StatusView:
             for p in (parse_line(x) for x in text.split("\n"))  # \n only, as journald splits stdout
             if isinstance(p, ParityLine) and (token is None or p.carries(token))
         ]
-        return StatusView(snap, hs.read_history(r, layout), parity)
+        return StatusView(snap, host_history.read_history(r, layout), parity)
 
     return _with_host(host, gather)
 
@@ -144,8 +146,8 @@ def read_lock(host: HostConfig, *, break_it: bool = False) -> hs.HostSnapshot:
     def act(r: Remote) -> hs.HostSnapshot:
         snap = hs.read_snapshot(r, host.root, host.unit)
         if break_it and snap.lock_present:
-            hs.release_lock(r, layout, None)
-            hs.append_history(r, layout, {"event": "lock-break", "owner": snap.lock_owner})
+            hostlock.release_lock(r, layout, None)
+            host_history.append_history(r, layout, {"event": "lock-break", "owner": snap.lock_owner})
         return snap
 
     return _with_host(host, act)

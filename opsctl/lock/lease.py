@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 
-from ..host import rootstate as hs
-from ..host.rootstate import Layout, LockOwner
+from ..host.releaseroot import Layout
 from ..inventory import HostConfig
+from ..lock import hostlock
+from ..lock.hostlock import LockOwner
 from ..pipeline.report import Reporter
 from ..ssh.session import Connect, Session
 
@@ -16,7 +17,7 @@ class LeaseKeeper:
     process holds the lock: a long build or gate keeps it, and a killed or cut-off run loses it after the lease
     (another run may then take it over, with a warning naming this one)."""
 
-    def __init__(self, host: HostConfig, owner: LockOwner, connect: Connect, lease_s: float = hs.LOCK_LEASE_S) -> None:
+    def __init__(self, host: HostConfig, owner: LockOwner, connect: Connect, lease_s: float = hostlock.LOCK_LEASE_S) -> None:
         self.layout = Layout(host.root)
         self.owner = owner
         self.lease_s = lease_s
@@ -28,7 +29,7 @@ class LeaseKeeper:
     def _run(self) -> None:
         while not self._stop.wait(self.lease_s / 3):
             try:
-                hs.renew_lock(self._session.r, self.layout, self.owner, self.lease_s)
+                hostlock.renew_lock(self._session.r, self.layout, self.owner, self.lease_s)
             except Exception:  # an SSH drop: the next round reconnects; the lease covers two missed rounds
                 self._session.drop()
 
@@ -41,8 +42,8 @@ class LeaseKeeper:
 def take_lock(session: Session, host: HostConfig, owner: LockOwner, rep: Reporter) -> str:
     """Acquire (retried across SSH drops: a retry after a lost reply finds its own token). Returns the step's
     detail; taking over an expired or pre-reboot lock is announced with the old owner's name."""
-    taken = session.call(lambda r: hs.acquire_lock(r, Layout(host.root), owner, host.name))
-    lease = f"lease {hs.LOCK_LEASE_S:g}s, renewed while this run lives"
+    taken = session.call(lambda r: hostlock.acquire_lock(r, Layout(host.root), owner, host.name))
+    lease = f"lease {hostlock.LOCK_LEASE_S:g}s, renewed while this run lives"
     if taken:
         rep.info(f"warning: {host.name}: took over the deploy lock of {taken}")
         return f"took over the lock of {taken}; {lease}"

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DeployFailed
+from ..host import releaseroot as hs
 from ..host import releaseroot as layout_commands
-from ..host import rootstate as hs
-from ..host.rootstate import LockOwner
 from ..inventory import HostConfig
+from ..lock.hostlock import LockOwner
 from ..ssh.session import Connect, default_connect
 from .report import Reporter
 from .result import DeployResult, DeployVerdict, HistoryRecord

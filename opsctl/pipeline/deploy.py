@@ -11,9 +11,10 @@ import tempfile
 from pathlib import Path
 
 from ..errors import DeployFailed, GateFailed, LockHeld
+from ..host import releaseroot as hs
 from ..host import releaseroot as layout_commands
-from ..host import rootstate as hs
 from ..inventory import HostConfig
+from ..lock import hostlock
 from ..release import Manifest, make_manifest, stage
 from ..ssh.session import Connect, DeployRemote, default_connect
 from ..unit import unitfile as unitmod
@@ -36,7 +37,7 @@ def _preflight(manifest: Manifest) -> Step:
         detail = f"current {snap.current or 'none'}, unit {snap.unit.active_state}, {snap.free_mb} MB free"
         if snap.lock_present and not snap.lock_stale and not opts.dry_run:
             raise LockHeld(
-                f"{host.name}: the deploy lock is held by {hs.describe_owner(snap.lock_owner)}. Wait for it, or if "
+                f"{host.name}: the deploy lock is held by {hostlock.describe_owner(snap.lock_owner)}. Wait for it, or if "
                 f"that run is gone: opsctl lock {host.name} release --force"
             )
         if plan.refusal:

@@ -7,9 +7,10 @@ from typing import Any
 
 from ..errors import DeployFailed
 from ..gate.traffic import plan_lines
-from ..host import rootstate as hs
-from ..host.rootstate import HostSnapshot, Layout
+from ..host import releaseroot as hs
+from ..host.releaseroot import HostSnapshot, Layout
 from ..inventory import HostConfig
+from ..lock import hostlock
 from ..release import Manifest
 from ..unit import unitfile as unitmod
 
@@ -61,7 +62,7 @@ def refusal(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: Depl
             f"`opsctl adopt {host.name}` (it becomes release zero, the rollback target)."
         )
     if snap.lock_present and not snap.lock_stale:
-        return f"{host.name}: the deploy lock is held by {hs.describe_owner(snap.lock_owner)}"
+        return f"{host.name}: the deploy lock is held by {hostlock.describe_owner(snap.lock_owner)}"
     if snap.free_mb is not None and snap.free_mb < host.min_free_disk_mb:
         return f"{host.name}: only {snap.free_mb} MB free under {host.root} (need {host.min_free_disk_mb} MB)"
     if host.gpu_arch is not None and host.gpu_arch not in snap.gpu_compute_caps:

@@ -9,9 +9,9 @@ from ..captures import workflow as captures
 from ..errors import DeployFailed, GateFailed
 from ..gate.decision import GateState, LineVerdict, Verdict
 from ..gate.lines import ParityLine
+from ..host import releaseroot as hs
 from ..host import replay as replay_commands
-from ..host import rootstate as hs
-from ..host.rootstate import Layout
+from ..host.releaseroot import Layout
 from ..inventory import HostConfig
 from ..ssh.remote import Remote
 from .plan import PRE_RESTART_PARITY_STEPS

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..errors import DeployFailed
 from ..gate.decision import Verdict
-from ..host import rootstate as hs
+from ..host import history as host_history
+from ..host import releaseroot as hs
 from ..inventory import HostConfig
 from ..ssh.session import Connect, default_connect
 from .plan import DeployOptions, rollback_target
@@ -48,7 +49,7 @@ def _rollback_if_failed() -> Step:
         reason = f"gate {run.result.verdict} after restart: {run.result.reason}"
         if run.result.verdict.marks_bad:
             run.call(lambda r: hs.mark_bad(r, run.layout, failed, reason))
-        history = run.call(lambda r: hs.read_history(r, run.layout))
+        history = run.call(lambda r: host_history.read_history(r, run.layout))
         after = run.call(lambda r: hs.read_snapshot(r, run.host.root, run.host.unit))
         try:
             target = rollback_target(after, None, False, history)
@@ -95,7 +96,7 @@ def _rollback_preflight(to: str | None, force: bool) -> Step:
     def run_(run: Run) -> str:
         snap = snapshot(run)
         require_managed(snap, run.host)
-        history = run.call(lambda r: hs.read_history(r, run.layout))
+        history = run.call(lambda r: host_history.read_history(r, run.layout))
         target = rollback_target(snap, to, force, history)
         run.result.release = target
         return f"{snap.current or 'none'} -> {target}"

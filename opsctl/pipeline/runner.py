@@ -31,10 +31,13 @@ from typing import Any, TypeVar
 
 from ..errors import DeployFailed, OpsError, SshError
 from ..gate.decision import GateState
-from ..host import rootstate as hs
-from ..host.rootstate import HostSnapshot, Layout, LockOwner
+from ..host import history as host_history
+from ..host import releaseroot as hs
+from ..host.releaseroot import HostSnapshot, Layout
 from ..inventory import HostConfig
 from ..journal.follower import Mark
+from ..lock import hostlock
+from ..lock.hostlock import LockOwner
 from ..lock.lease import LeaseKeeper, take_lock
 from ..ssh.session import Connect, DeployRemote, Session
 from .plan import DeployOptions
@@ -113,7 +116,7 @@ class Run:
         return self.session.call(fn)
 
     def record(self, record: HistoryRecord) -> None:
-        self.call(lambda r: hs.append_history(r, self.layout, record.as_json()))
+        self.call(lambda r: host_history.append_history(r, self.layout, record.as_json()))
 
     def conclude(self, verdict: DeployVerdict, reason: str) -> None:
         self.result.verdict, self.result.reason = verdict, reason
@@ -288,4 +291,4 @@ def _unlock(run: Run) -> None:
     if owner is None:
         return
     with signals_held(run.reporter), contextlib.suppress(Exception):
-        run.call(lambda r: hs.release_lock(r, run.layout, owner))
+        run.call(lambda r: hostlock.release_lock(r, run.layout, owner))

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from ..errors import DeployFailed
 from ..gate.decision import GateState, Verdict
-from ..host import rootstate as hs
-from ..host.rootstate import HostSnapshot, Layout
+from ..host import releaseroot as hs
+from ..host.releaseroot import HostSnapshot, Layout
 from ..inventory import HostConfig
 from ..ssh.remote import Remote
 from ..unit import systemctl as unit_commands

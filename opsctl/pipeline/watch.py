@@ -12,8 +12,8 @@ from collections.abc import Callable
 from ..errors import DeployFailed, SshError
 from ..gate.decision import GateState, LineVerdict, Traffic, judge
 from ..gate.traffic import ProbeClient, Wave, describe_tally, probing, serves_http
-from ..host import rootstate as hs
-from ..host.rootstate import Layout
+from ..host import releaseroot as hs
+from ..host.releaseroot import Layout
 from ..inventory import HostConfig
 from ..journal.follower import Follower, Mark, parse_mark
 from ..journal.query import mark_command

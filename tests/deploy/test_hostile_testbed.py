@@ -11,7 +11,7 @@ import pytest
 
 from opsctl.errors import CommandFailed
 from opsctl.host import replay as replay_commands
-from opsctl.host.rootstate import Layout, new_parity_token
+from opsctl.host.releaseroot import Layout, new_parity_token
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.pipeline.watch import reads_token_file
 from opsctl.ssh.client import connect

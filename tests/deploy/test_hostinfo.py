@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from opsctl.host import rootstate as hs
+from opsctl.host import releaseroot as hs
 from opsctl.host import views as hostinfo
 from opsctl.host.releaseroot import release_meta_command
 

@@ -3,14 +3,9 @@ import json
 import pytest
 
 from opsctl.errors import DeployFailed
-from opsctl.host.rootstate import (
-    Layout,
-    describe_owner,
-    parse_history,
-    parse_snapshot,
-    select_for_removal,
-    snapshot_command,
-)
+from opsctl.host.history import parse_history
+from opsctl.host.releaseroot import Layout, parse_snapshot, select_for_removal, snapshot_command
+from opsctl.lock.hostlock import describe_owner
 
 SNAP = """root_exists=1
 managed={"since": "2026-01-01T00:00:00Z", "adopted": false}

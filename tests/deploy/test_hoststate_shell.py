@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from opsctl.errors import CommandFailed, DeployFailed, LockHeld
-from opsctl.host import rootstate as hs
+from opsctl.host import history as host_history
+from opsctl.host import releaseroot as hs
+from opsctl.lock import hostlock
 
 from .localremote import LocalRemote
 
@@ -31,11 +33,11 @@ def test_layout_snapshot_switch_history(root: hs.Layout) -> None:
     assert not [p for p in os.listdir(root.root) if p.startswith(".current.tmp")]
     hs.mark_bad(r, root, A, "gate FAIL")
     hs.set_last_good(r, root, B)
-    hs.append_history(r, root, {"event": "deploy", "release": B, "verdict": "PASS", "note": 'it\'s "quoted" $HOME `x`'})
+    host_history.append_history(r, root, {"event": "deploy", "release": B, "verdict": "PASS", "note": 'it\'s "quoted" $HOME `x`'})
     snap = hs.read_snapshot(r, root.root, "nonexistent-unit-xyz")
     assert snap.is_managed and snap.current == B and snap.bad == {A} and snap.last_good == B
     assert set(snap.releases) == {A, B}
-    hist = hs.read_history(r, root)
+    hist = host_history.read_history(r, root)
     assert hist[-1]["note"] == 'it\'s "quoted" $HOME `x`' and hist[-1]["at"]
 
 
@@ -49,27 +51,27 @@ def test_switch_to_missing_release_fails(root: hs.Layout) -> None:
 
 def test_lock_held_names_owner_and_release(root: hs.Layout) -> None:
     r = LocalRemote()
-    first = hs.LockOwner.mine("deploy r00000000000a")
-    assert hs.acquire_lock(r, root, first, "tb1") is None
-    second = hs.LockOwner.mine("deploy r00000000000b")
+    first = hostlock.LockOwner.mine("deploy r00000000000a")
+    assert hostlock.acquire_lock(r, root, first, "tb1") is None
+    second = hostlock.LockOwner.mine("deploy r00000000000b")
     with pytest.raises(LockHeld) as e:
-        hs.acquire_lock(r, root, second, "tb1")
+        hostlock.acquire_lock(r, root, second, "tb1")
     assert f"pid {first.pid}" in e.value.message and "deploy r00000000000a" in e.value.message
-    assert not hs.release_lock(r, root, second)  # not ours: left alone
+    assert not hostlock.release_lock(r, root, second)  # not ours: left alone
     assert os.path.isdir(root.lock)
-    assert hs.release_lock(r, root, first)
+    assert hostlock.release_lock(r, root, first)
     assert not os.path.exists(root.lock)
 
 
 def test_stale_lock_from_earlier_boot_is_taken_over(root: hs.Layout) -> None:
     r = LocalRemote()
-    old = hs.LockOwner.mine("deploy old")
-    hs.acquire_lock(r, root, old, "tb1")
+    old = hostlock.LockOwner.mine("deploy old")
+    hostlock.acquire_lock(r, root, old, "tb1")
     Path(root.lock, "boot_id").write_text("00000000-0000-0000-0000-000000000000\n")
     snap = hs.read_snapshot(r, root.root, "nonexistent-unit-xyz")
     assert snap.lock_present and snap.lock_stale
-    new = hs.LockOwner.mine("deploy new")
-    stale = hs.acquire_lock(r, root, new, "tb1")
+    new = hostlock.LockOwner.mine("deploy new")
+    stale = hostlock.acquire_lock(r, root, new, "tb1")
     assert stale and "deploy old" in stale
     assert new.token in Path(root.lock, "owner.json").read_text()
 
@@ -89,51 +91,51 @@ def _lease(root: hs.Layout) -> float:
 
 def test_lock_is_a_lease_shown_by_the_snapshot(root: hs.Layout) -> None:
     r = LocalRemote()
-    owner = hs.LockOwner.mine("deploy r00000000000a")
-    assert hs.acquire_lock(r, root, owner, "tb1", lease_s=120) is None
+    owner = hostlock.LockOwner.mine("deploy r00000000000a")
+    assert hostlock.acquire_lock(r, root, owner, "tb1", lease_s=120) is None
     snap = hs.read_snapshot(r, root.root, "nonexistent-unit-xyz")
     assert snap.lock_present and not snap.lock_stale
     assert snap.lock_remaining_s is not None and 110 <= snap.lock_remaining_s <= 120
     before = _lease(root)
     Path(root.lock, "lease").write_text(f"{int(before) - 100}\n")
-    assert hs.renew_lock(r, root, owner, lease_s=300)
+    assert hostlock.renew_lock(r, root, owner, lease_s=300)
     assert _lease(root) >= before + 170
-    other = hs.LockOwner.mine("deploy r00000000000b")
-    assert not hs.renew_lock(r, root, other)  # only the holder renews
+    other = hostlock.LockOwner.mine("deploy r00000000000b")
+    assert not hostlock.renew_lock(r, root, other)  # only the holder renews
 
 
 def test_a_retry_after_a_lost_reply_finds_its_own_lock(root: hs.Layout) -> None:
     """The reply to the remote mkdir was lost: retrying the same acquire must succeed, not report it held."""
     r = LocalRemote()
-    owner = hs.LockOwner.mine("deploy r00000000000a")
-    assert hs.acquire_lock(r, root, owner, "tb1") is None
-    assert hs.acquire_lock(r, root, owner, "tb1") is None  # the retry
-    assert hs.release_lock(r, root, owner) and not os.path.exists(root.lock)
+    owner = hostlock.LockOwner.mine("deploy r00000000000a")
+    assert hostlock.acquire_lock(r, root, owner, "tb1") is None
+    assert hostlock.acquire_lock(r, root, owner, "tb1") is None  # the retry
+    assert hostlock.release_lock(r, root, owner) and not os.path.exists(root.lock)
 
 
 def test_an_expired_lease_is_taken_over_naming_the_old_owner(root: hs.Layout) -> None:
     r = LocalRemote()
-    old = hs.LockOwner.mine("deploy r00000000000a")
-    hs.acquire_lock(r, root, old, "tb1", lease_s=120)
-    new = hs.LockOwner.mine("deploy r00000000000b")
+    old = hostlock.LockOwner.mine("deploy r00000000000a")
+    hostlock.acquire_lock(r, root, old, "tb1", lease_s=120)
+    new = hostlock.LockOwner.mine("deploy r00000000000b")
     with pytest.raises(LockHeld, match=r"lease 1[012]\ds left"):
-        hs.acquire_lock(r, root, new, "tb1")
+        hostlock.acquire_lock(r, root, new, "tb1")
     Path(root.lock, "lease").write_text(f"{int(_lease(root)) - 130}\n")  # its holder stopped renewing 10 s ago
     assert hs.read_snapshot(r, root.root, "nonexistent-unit-xyz").lock_stale
-    taken = hs.acquire_lock(r, root, new, "tb1")
+    taken = hostlock.acquire_lock(r, root, new, "tb1")
     assert taken is not None and "deploy r00000000000a" in taken and "lease ran out" in taken
     assert new.token in Path(root.lock, "owner.json").read_text()
-    assert not hs.release_lock(r, root, old)  # the old run, if it comes back, cannot free the new lock
-    assert hs.release_lock(r, root, new)
+    assert not hostlock.release_lock(r, root, old)  # the old run, if it comes back, cannot free the new lock
+    assert hostlock.release_lock(r, root, new)
 
 
 def test_a_lock_without_a_lease_file_expires_a_minute_after_it_was_made(root: hs.Layout) -> None:
     r = LocalRemote()
     hs.ensure_layout(r, root, adopted=False)
     os.makedirs(root.lock)  # its taker died between mkdir and writing anything
-    new = hs.LockOwner.mine("deploy r00000000000b")
+    new = hostlock.LockOwner.mine("deploy r00000000000b")
     with pytest.raises(LockHeld):
-        hs.acquire_lock(r, root, new, "tb1")
+        hostlock.acquire_lock(r, root, new, "tb1")
     old = os.stat(root.lock).st_mtime - 3600
     os.utime(root.lock, (old, old))
-    assert hs.acquire_lock(r, root, new, "tb1") is not None
+    assert hostlock.acquire_lock(r, root, new, "tb1") is not None

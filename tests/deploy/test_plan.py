@@ -3,7 +3,7 @@ from dataclasses import replace
 import pytest
 
 from opsctl.errors import DeployFailed
-from opsctl.host.rootstate import HostSnapshot, UnitInfo
+from opsctl.host.releaseroot import HostSnapshot, UnitInfo
 from opsctl.inventory import HostConfig, ServiceSettings
 from opsctl.pipeline import DeployOptions, make_plan, rollback_target
 from opsctl.release import FileEntry, Manifest

@@ -21,7 +21,7 @@ import yaml
 
 from opsctl import pipeline as d
 from opsctl.health import checks as hl
-from opsctl.host import rootstate as hs
+from opsctl.host import releaseroot as hs
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh.client import connect

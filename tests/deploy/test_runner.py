@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from opsctl.errors import CommandFailed, DeployFailed
-from opsctl.host import rootstate as hs
+from opsctl.host import history as host_history
+from opsctl.host import releaseroot as hs
 from opsctl.inventory import HostConfig
 from opsctl.pipeline import DeployVerdict
 from opsctl.pipeline.runner import Concluded, Rejected, Run, Step, execute, lock_step
@@ -134,7 +135,7 @@ def test_a_rejected_release_is_marked_bad_recorded_and_every_started_step_undone
     assert "failed gate: L3 rel=0.9" in log.lines
     snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == {NEW} and not snap.lock_present
-    last = hs.read_history(LocalRemote(), layout)[-1]
+    last = host_history.read_history(LocalRemote(), layout)[-1]
     assert (last["event"], last["release"], last["verdict"], last["reason"]) == (
         "deploy",
         NEW,
@@ -160,7 +161,7 @@ def test_an_error_before_the_restart_switches_back_records_and_goes_on(host: Hos
     assert done == ["restart", "undo restart", "undo switch"]
     snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == set() and not snap.lock_present  # not a verdict on the release
-    last = hs.read_history(LocalRemote(), layout)[-1]
+    last = host_history.read_history(LocalRemote(), layout)[-1]
     assert (last["verdict"], last["reason"]) == ("ERROR", "build broke")
 
 
@@ -189,7 +190,7 @@ def test_an_interrupt_restores_records_interrupted_and_goes_on(host: HostConfig)
     assert done == ["restart", "gate", "undo gate", "undo restart", "undo switch"]
     snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == set() and not snap.lock_present
-    assert hs.read_history(LocalRemote(), layout)[-1]["verdict"] == "INTERRUPTED"
+    assert host_history.read_history(LocalRemote(), layout)[-1]["verdict"] == "INTERRUPTED"
 
 
 def test_after_the_commit_nothing_is_undone(host: HostConfig) -> None:
@@ -209,7 +210,7 @@ def test_after_the_commit_nothing_is_undone(host: HostConfig) -> None:
 
 def test_a_failure_before_the_lock_undoes_nothing_and_records_nothing(host: HostConfig) -> None:
     layout, log, done = prepared(host), Log(), []
-    before = hs.read_history(LocalRemote(), layout)
+    before = host_history.read_history(LocalRemote(), layout)
 
     def refuse(run: Run) -> str:
         raise DeployFailed("refused")
@@ -217,7 +218,7 @@ def test_a_failure_before_the_lock_undoes_nothing_and_records_nothing(host: Host
     s = [Step("preflight", refuse), *steps(done)[1:]]
     with open_run(host, log) as run, pytest.raises(DeployFailed, match="refused"):
         execute(run, s)
-    assert done == [] and hs.read_history(LocalRemote(), layout) == before and not os.path.exists(layout.lock)
+    assert done == [] and host_history.read_history(LocalRemote(), layout) == before and not os.path.exists(layout.lock)
 
 
 def test_skipped_and_unshown_steps(host: HostConfig) -> None:
@@ -242,5 +243,5 @@ def test_an_unproven_release_is_undone_and_recorded_but_not_marked_bad(host: Hos
     assert done == ["restart", "gate", "undo gate", "undo restart", "undo switch"]
     snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == set() and not snap.lock_present  # a redeploy is not refused
-    last = hs.read_history(LocalRemote(), layout)[-1]
+    last = host_history.read_history(LocalRemote(), layout)[-1]
     assert (last["release"], last["verdict"], last["reason"]) == (NEW, "UNPROVEN", f"gate UNPROVEN: {reason}")

@@ -21,7 +21,8 @@ import pytest
 from opsctl import pipeline as d
 from opsctl.errors import DeployFailed, LockHeld, SshError
 from opsctl.gate.lines import ParityLine, parse_line
-from opsctl.host import rootstate as hs
+from opsctl.host import history as host_history
+from opsctl.host import releaseroot as hs
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh.client import connect
@@ -81,7 +82,7 @@ def fast(host: HostConfig) -> HostConfig:
 
 def state(host: HostConfig) -> tuple[hs.HostSnapshot, list[dict[str, Any]]]:
     with connect(host) as r:
-        return hs.read_snapshot(r, host.root, host.unit), hs.read_history(r, hs.Layout(host.root))
+        return hs.read_snapshot(r, host.root, host.unit), host_history.read_history(r, hs.Layout(host.root))
 
 
 def assert_healthy(host: HostConfig, release: str) -> hs.HostSnapshot:

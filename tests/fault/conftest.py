@@ -15,8 +15,9 @@ import pytest
 
 from opsctl import pipeline
 from opsctl.fleet.rollout import plan_rollout, run_rollout
-from opsctl.host import rootstate as hs
+from opsctl.host import releaseroot as hs
 from opsctl.inventory import HostConfig, Inventory
+from opsctl.lock import hostlock
 from opsctl.ssh.client import connect
 from opsctl.testbed import Testbed, reset_host
 
@@ -78,7 +79,7 @@ def _repair(host: HostConfig, tb: Testbed, tmp: Path) -> None:
         r.run(f"rm -f {FAKE_NVIDIA_SMI}", timeout=30)
         snap = hs.read_snapshot(r, host.root, host.unit)
         if snap.lock_present:
-            hs.release_lock(r, hs.Layout(host.root), None)
+            hostlock.release_lock(r, hs.Layout(host.root), None)
             snap = hs.read_snapshot(r, host.root, host.unit)
     running = snap.unit.active_state == "active" and snap.unit.sub_state == "running"
     if not running or (snap.current is not None and snap.current in snap.bad):

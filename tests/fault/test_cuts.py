@@ -22,8 +22,9 @@ from opsctl import pipeline
 from opsctl.errors import HostUnreachable
 from opsctl.fleet.rollout import LineReporter
 from opsctl.health import checks as hl
-from opsctl.host import rootstate as hs
+from opsctl.host import releaseroot as hs
 from opsctl.inventory import HostConfig
+from opsctl.lock import hostlock
 from opsctl.release import make_manifest
 from opsctl.ssh.client import connect
 
@@ -298,9 +299,9 @@ def test_a_lost_reply_to_the_lock_does_not_leak_it(hosts: list[HostConfig], tmp_
 def test_an_expired_lease_is_taken_over_with_a_warning(hosts: list[HostConfig], tmp_path: Path) -> None:
     h = short_gate(by_name(hosts)["tb1"])
     layout = hs.Layout(h.root)
-    gone = hs.LockOwner.mine("deploy r00000000dead")
+    gone = hostlock.LockOwner.mine("deploy r00000000dead")
     with connect(h) as r:
-        hs.acquire_lock(r, layout, gone, h.name, lease_s=1)
+        hostlock.acquire_lock(r, layout, gone, h.name, lease_s=1)
     time.sleep(2.5)
     LEDGER.fault("tb1: a lock whose holder stopped renewing its lease")
     rep = Lines(h.name)
