@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "kernel"), str(REPO / "backend"), str(REPO)]
 
 from kdtree_backend.batch import make_verify_batch  # noqa: E402
-from kdtree_backend.capture import REQUEST_FILE, Capturer  # noqa: E402
+from kdtree_backend.capture import Capturer  # noqa: E402
+from kdtree_backend.capture_format import REQUEST_FILE  # noqa: E402
 from kdtree_backend.config import ParityConfig  # noqa: E402
 from kdtree_backend.engine import VerifyEngine  # noqa: E402
 from kdtree_backend.replay_captures import replay_captures  # noqa: E402
@@ -127,7 +128,7 @@ def arm_request(directory: Path, steps: int) -> None:
 def measure_graph(prefix: int, steps: int) -> dict[str, object]:
     """Per-step cost under CUDA-graph replay (K2.6 shape, bs 1, 3 layers, the kernel)."""
     import kdtree_kernel
-    from kdtree_backend import capture as capture_module
+    from kdtree_backend import capture_graph as capture_module
 
     from tests.backend.emulation import GraphServer
 

@@ -23,7 +23,7 @@ Parity (kernel vs SGLang's Triton ``extend_attention_fwd`` on the same inputs; n
 Capture (docs/capture.md): eager, :meth:`prepare` starts an armed step and :meth:`forward` records each wanted
 layer. Under CUDA graphs the capture layers are the parity layers (a fixed set, whatever ``parity.enabled``
 says); the captured forward writes q, out and the draft rows of those layers into the capture slots behind a
-device flag (:class:`~kdtree_backend.capture.GraphSlots`), :meth:`prepare` gathers the prefix rows and sets the
+device flag (:class:`~kdtree_backend.capture_graph.GraphSlots`), :meth:`prepare` gathers the prefix rows and sets the
 flag on armed steps, and the next :meth:`prepare` hands the slots to the capturer before the next replay.
 """
 
@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .capture import Capturer, GraphLayer, GraphSlots
+from .capture import Capturer
+from .capture_graph import GraphLayer, GraphSlots
 from .config import ParityConfig
 from .lines import OncePer, ParityIdentity, emit, format_parity
 from .marshal import verify_keys_capacity

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .capture import CALL_RE, FILES, FORMAT, CaptureError
+from .capture_format import CALL_RE, FILES, FORMAT, CaptureError
 from .lines import ParityIdentity, emit, format_parity
 from .tensorfile import TensorFileError, read_tensors
 from .verify import attend, kernel_usable, marshal_verify, parity_stats

@@ -15,15 +15,9 @@ import pytest
 import torch
 from kdtree_backend import tensorfile
 from kdtree_backend.batch import VerifyBatch, dense_verify_attention, make_verify_batch
-from kdtree_backend.capture import (
-    REQUEST_FILE,
-    CaptureError,
-    Capturer,
-    locate,
-    parse_request,
-    remap_keys,
-    step_rows,
-)
+from kdtree_backend.capture import Capturer
+from kdtree_backend.capture_format import REQUEST_FILE, CaptureError, locate, parse_request
+from kdtree_backend.capture_rows import remap_keys, step_rows
 from kdtree_backend.config import ParityConfig
 from kdtree_backend.engine import VerifyEngine
 from kdtree_backend.replay_captures import (

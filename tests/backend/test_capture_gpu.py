@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from kdtree_backend import capture as capture_module
+from kdtree_backend import capture_graph as capture_module
 from kdtree_backend.batch import dense_verify_attention, make_verify_batch
-from kdtree_backend.capture import REQUEST_FILE, Capturer
+from kdtree_backend.capture import Capturer
+from kdtree_backend.capture_format import REQUEST_FILE
 from kdtree_backend.config import ParityConfig
 from kdtree_backend.engine import VerifyEngine
 from kdtree_backend.replay_captures import find_calls, load_call, replay_captures

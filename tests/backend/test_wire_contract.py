@@ -17,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kdtree_backend import replay, replay_captures, wire
 from kdtree_backend.batch import make_verify_batch
-from kdtree_backend.capture import REQUEST_FILE, CaptureError, Capturer, parse_request
+from kdtree_backend.capture import Capturer
+from kdtree_backend.capture_format import REQUEST_FILE, CaptureError, parse_request
 from kdtree_backend.config import ParityConfig
 from kdtree_backend.engine import VerifyEngine
 from kdtree_backend.lines import ParityIdentity, format_fallback, format_parity, format_shapes
