@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from kdtree_kernel.testing import ancestor_mask
+from kdtree_kernel.mask import ancestor_mask
 
 DL = 512  # kv_lora_rank: the latent part, also the value
 DR = 64  # qk_rope_head_dim

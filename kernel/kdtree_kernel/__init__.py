@@ -1,7 +1,7 @@
 """DDTree verify attention for absorbed MLA: CUDA kernel (when built) and its pure-torch reference."""
 
 from .extension import ExtensionNotBuilt, extension_available, load_extension
-from .mask import WORD_BITS, mask_words, pack_draft_mask, unpack_draft_mask
+from .mask import WORD_BITS, ancestor_mask, mask_words, pack_draft_mask, unpack_draft_mask
 from .ops import launch_plan, verify_attention, workspace_size
 from .plan import LaunchPlan, plan_launch
 from .reference import verify_attention_reference
@@ -10,6 +10,7 @@ __all__ = [
     "WORD_BITS",
     "ExtensionNotBuilt",
     "LaunchPlan",
+    "ancestor_mask",
     "extension_available",
     "launch_plan",
     "load_extension",

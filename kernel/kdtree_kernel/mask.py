@@ -1,4 +1,5 @@
-"""Packed draft-tree masks: bit j of word j // 64 in row t says query token t sees draft token j."""
+"""Draft-tree masks: the dense ancestor mask of a tree, and its packed form (bit j of word j // 64 in row t says
+query token t sees draft token j)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,15 @@ def unpack_draft_mask(packed: torch.Tensor, q_len: int) -> torch.Tensor:
     shifts = torch.arange(WORD_BITS, device=packed.device, dtype=torch.int64)
     bits = (packed.unsqueeze(-1) >> shifts) & 1
     return bits.view(t, words * WORD_BITS)[:, :q_len].bool()
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """bool [n, n]: row i sees column j iff j is i or one of its ancestors."""
+    n = len(parents)
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            visible[i, j] = True
+            j = parents[j]
+    return visible

@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from .mask import pack_draft_mask
+from .mask import ancestor_mask, pack_draft_mask
 from .ops import verify_attention
 from .plan import HEAD_DIM, VALUE_DIM
 from .reference import verify_attention_reference
@@ -27,18 +27,6 @@ def tree_parents(q_len: int, kind: MaskKind, gen: torch.Generator) -> list[int]:
     if kind == "star":
         return [-1] + [0] * (q_len - 1)
     return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, q_len)]
-
-
-def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """bool [n, n]: row i sees column j iff j is i or one of its ancestors."""
-    n = len(parents)
-    visible = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            visible[i, j] = True
-            j = parents[j]
-    return visible
 
 
 @dataclass
