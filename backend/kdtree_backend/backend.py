@@ -44,7 +44,6 @@ class KdtreeAttnBackend(TritonAttnBackend):
     ):
         super().__init__(model_runner, skip_prefill, kv_indptr_buf, dllm_fa4=dllm_fa4)
         config = load_config()
-        self.kdtree_config = config
         self._kdtree_fallback = OncePer()
         self._kdtree_layer_reason: dict[int, str | None] = {}
         self._kdtree_layer: Any = None

@@ -11,9 +11,6 @@ import torch
 
 from .marshal import build_verify_keys, extract_draft_mask
 
-PATH_KERNEL = "kernel"
-PATH_REFERENCE = "reference"
-
 
 @dataclass(frozen=True)
 class VerifyMetadata:
