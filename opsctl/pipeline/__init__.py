@@ -12,11 +12,12 @@
 from ..ssh.session import Connect, Session, default_connect
 from .adopt import adopt
 from .deploy import deploy
-from .plan import DeployOptions, Plan, make_plan, rollback_target
+from .plan import DeployOptions, Plan, make_plan
 from .prerestart import prerestart_fail_reason
 from .report import NullReporter, Reporter
-from .restart import restart, rollback
+from .restart import restart
 from .result import DeployResult, DeployVerdict, HistoryRecord
+from .rollback import rollback, rollback_target
 from .signals import Interrupted
 
 __all__ = [

@@ -22,6 +22,7 @@ from . import prerestart as checks
 from .plan import DeployOptions, make_plan
 from .report import ParityRecorder, Reporter
 from .result import DeployResult, DeployVerdict, HistoryRecord
+from .rollback import undo_restart
 from .runner import Concluded, Rejected, Run, Step, execute, lock_step
 from .signals import interruptible
 from .steps import gate_or_reject_step, restart_step, snapshot, switch_step, unit_step
@@ -194,7 +195,7 @@ def deploy_steps(src: Path, manifest: Manifest, command: str = "deploy") -> list
         switch_step(new, undoable=True),
         unit_step(new, undoable=True),
         _staged(manifest),
-        restart_step(undoable=True),
+        restart_step(undo=undo_restart),
         gate_or_reject_step(),
         _record_pass(manifest),
         _cleanup(manifest),

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from ..errors import DeployFailed
 from ..gate.traffic import plan_lines
-from ..host import releaseroot as hs
 from ..host.releaseroot import HostSnapshot, Layout
 from ..inventory import HostConfig
 from ..lock import hostlock
@@ -129,31 +126,3 @@ def make_plan(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: De
         link_dest=link_dest,
         probe=() if opts.no_restart else tuple(plan_lines(host)),
     )
-
-
-def rollback_target(snap: HostSnapshot, to: str | None, force: bool, history: list[dict[str, Any]]) -> str:
-    """Where `opsctl rollback` goes: --to ID, else the newest good release other than current. Pure."""
-    if to is not None:
-        hs.check_id(to)
-        if to not in snap.releases:
-            raise DeployFailed(f"release {to} is not on the host (have: {', '.join(sorted(snap.releases)) or 'none'})")
-        if to in snap.bad and not force:
-            raise DeployFailed(f"release {to} is marked bad; use --force to roll back to it anyway")
-        if to == snap.current:
-            raise DeployFailed(f"release {to} is already current")
-        return to
-    passed = [r["release"] for r in history if r.get("verdict") == "PASS" or r.get("event") == "adopt"]
-    candidates = [r for r in reversed(passed) if r != snap.current and r in snap.releases and r not in snap.bad]
-    if (
-        snap.last_good
-        and snap.last_good != snap.current
-        and snap.last_good in snap.releases
-        and snap.last_good not in snap.bad
-    ):
-        candidates.insert(0, snap.last_good)
-    if not candidates:
-        raise DeployFailed(
-            "nothing to roll back to: no other release on the host has passed a gate"
-            + (f" (current is {snap.current})" if snap.current else " (no release deployed yet)")
-        )
-    return candidates[0]

@@ -212,3 +212,7 @@ def run_gate(
         )
         session.r.write_file(f"{Layout(host.root).cursors}/gate.json", cursor_doc.replace("'", '"').encode())
     return state
+
+
+def gate_detail(gate: GateState) -> str:
+    return f"{gate.verdict}: {gate.reason}"

@@ -10,10 +10,14 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..inventory import HostConfig
 from ..ssh.remote import Remote
 from . import systemctl as host_unit
+
+if TYPE_CHECKING:
+    from ..host.releaseroot import Layout
 
 __all__ = [
     "exec_argv",
@@ -155,3 +159,16 @@ def install(r: Remote, host: HostConfig, text: str, current_text: str | None) ->
     r.write_file(unit_path(host), text.encode(), mode=0o644)
     r.run(host_unit.daemon_reload_argv(), timeout=120)
     return True
+
+
+def read_installed(r: Remote, host: HostConfig) -> str | None:
+    res = r.run(host_unit.read_unit_file_command(host.unit), timeout=60, check=False)
+    return res.stdout if res.rc == 0 else None
+
+
+def install_for_release(r: Remote, host: HostConfig, layout: Layout, release: str) -> bool:
+    """Install the unit stored with a release (rendered at its deploy, or the hand-made one for release zero)."""
+    text = r.read_file(f"{layout.release(release)}/unit.service").decode()
+    changed = install(r, host, text, read_installed(r, host))
+    r.run(host_unit.enable_once_command(host.unit), timeout=60, check=False)
+    return changed
