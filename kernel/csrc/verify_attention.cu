@@ -31,10 +31,8 @@ bool fp8_qmma() {
 // programmatic dependent of whatever the stream ran before it (its blocks are placed as that kernel's last blocks
 // leave, and wait for it before reading anything), and the combine kernel as one of the main kernel (which signals
 // once its blocks leave the KV loop; the combine's blocks wait in griddep_wait until the main kernel has finished
-// and its writes are visible). On the H200 both together took bs 1 q 9 from 9.4 to 8.4 us at 1k, 17.3 to 15.9 at
-// 8k, 0.97-0.99x at 32k-128k, also with a foreign kernel before every call; 4k 0.92-1.01x over two calls, large
-// batches within 1% (docs/kernel-notes.md). Opt-in before that: on the kernel of that time the combine's form cost
-// 1-1.5 us at bs 1 x 8k-32k (kernel/bench/ab-h200.md AB, AK).
+// and its writes are visible). It shortens small batches' calls and leaves large ones as they were
+// (docs/kernel-notes.md, "The launch constants").
 // KDTREE_PDL=none|main|combine picks plain launches or one of the two (A/B timing); anything else, or no
 // setting, both. Host only, no stream work (safe under graph capture).
 enum class PdlUse { kNone, kMain, kCombine, kAll };
@@ -92,10 +90,9 @@ int threads_for(int row_groups, bool split_schedulers, bool fp8) {
 // per 8 chunks. Past 128 chunks (bs = 1 with one row block) a batch of at most 32 rows in all splits each row into
 // 4 column parts of 16 threads a group, so that all of a row's chunks are in flight in one round instead of three
 // or four dependent L2 round trips, over at most 128 blocks (one per SM, by registers: one wave on both GPUs).
-// More rows, or 65-128 chunks (72 rows: 144 blocks of 2 parts exceeded one wave, 3-7% slower), keep whole rows;
-// 33-96 chunks (bs = 1 with q_len 9 from 1k keys: 33-65) take 12 groups of 768 threads, one round (65 chunks:
-// instead of two; 2-3% faster at bs 1 x 8k / 32k, 1% at 1k-4k; ab-h200.md AG), 97-128 chunks two rounds of 8
-// groups (kernel/bench/ab-h200.md AF).
+// More rows, or 65-128 chunks (column parts would exceed one wave), keep whole rows; 33-96 chunks take 12 groups
+// of 768 threads (one round of loads), 97-128 chunks two rounds of 8 groups (docs/kernel-notes.md, "The launch
+// constants").
 constexpr int kCombineColsPerThread = 8;
 constexpr int kCombineThreads = kValueDim / kCombineColsPerThread;  // threads covering a whole row (64)
 constexpr int kCombineBatch = 8;  // the widest batch

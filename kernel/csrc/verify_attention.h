@@ -16,10 +16,9 @@ constexpr int kValueDim = 512;
 constexpr int kChunkAlign = 32;
 constexpr int kMaxQLen = 128;
 constexpr int kMaxRowGroups = 3;  // a block serves up to 3 x 16 (token, head) rows of one request
-// Shared-memory KV stages (16-key tiles) of a block of row_groups x 16 rows: as many as sm_120's 99 KB per block
-// holds, and sm_90 runs the same. The 16- and 32-row blocks stream keys near the copy rate, where one more tile
-// in flight pays (5 stages: 4-6% faster on every case of <= 32 rows measured on the H200); the 48-row block's
-// step is not bound by memory latency (more stages or 32-key tiles did not pay there). docs/kernel-notes.md.
+// Shared-memory KV stages (16-key tiles) of a block of row_groups x 16 rows, within sm_120's 99 KB per block (sm_90
+// runs the same): the smaller blocks stream keys near the copy rate, where one more tile in flight pays; the 48-row
+// block's step is not bound by memory latency (docs/kernel-notes.md, "The launch constants").
 constexpr int stages_for(int row_groups) { return row_groups <= 2 ? 5 : 4; }
 // The fp8 path rounds Q * 2^-kFp8QShift to fp16 (range; verify_attention_kernel.cuh); the softmax scale undoes it.
 constexpr int kFp8QShift = 8;
@@ -54,9 +53,8 @@ struct VerifyParams {
   float out_scale;            // v_scale: the pool's values are stored divided by it (1 for a plain bf16 pool)
 };
 
-// Bytes of one chunk partial of one row in the workspace: its 512 normalised output values in bf16 (a chunk's
-// rounding is at most the output's own; half the bytes of fp32 for the main kernel to write and the combine to
-// read back, the larger part of a bs = 1 call's fixed cost) and its LSE.
+// Bytes of one chunk partial of one row in the workspace: its 512 normalised output values in bf16 (half the bytes
+// of fp32 to write and read back; its rounding is at most the output's own) and its LSE (docs/kernel-notes.md).
 constexpr int kPartialRowBytes = kValueDim * 2 + 4;
 
 // Keys of request b, or 0 when its kv_indptr entries are malformed: fewer keys than q_len (the drafts must be

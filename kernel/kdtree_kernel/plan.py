@@ -18,31 +18,23 @@ BLOCK_N = 32  # chunks are multiples of this many keys (kChunkAlign in csrc/veri
 MAX_Q_LEN = 128
 MAX_ROW_GROUPS = 3
 ROWS_PER_GROUP = 16
-MIN_CHUNK_KEYS = BLOCK_N  # bs = 1 with a 1k prefix is fastest at 32-key chunks (kernel/bench/splits-h200.md)
+MIN_CHUNK_KEYS = BLOCK_N  # the fastest chunk at bs 1 x 1k (docs/kernel-notes.md, "The launch planner")
 MAX_SPLITS = 256
 # Cost model in units of "one KV tile of a 48-row block": per row-group count (1, 2, 3), the cost of a tile and
 # the fixed per-block work (Q load, pipeline fill, epilogue); and the combine pass (a launch plus the partials'
-# round trip, ~4.9 MB per tile-step of the whole GPU). On the H200 the 48-row block's constants pick the fastest of
-# 11 chunk sizes timed for each of 8 small-batch cases (splits-h200.md).
-# Blocks of 16 and 32 rows run a shorter step (one or two score pairs, a third or two thirds of the value warps'
-# mma) and load a third or two thirds of the Q: where a small batch leaves the GPU to be filled by KV chunks they can
-# win although they read each key more often (72 rows: five 16-row blocks against two 48-row ones). Their
-# constants are a least-squares fit to 62 timings of 12 small batches with every row-group count near its planned
-# chunk, relative to the 48-row block's (3% rms; kernel/bench/splits-h200.md, "Row groups"), with which the
-# planner picks the fastest (row groups, chunk) timed in all 12.
+# round trip, bytes per tile-step of the whole GPU). Smaller blocks run a shorter step and load less of Q, so they
+# can win where a small batch leaves SMs for KV chunks to fill. The constants are fitted to H200 timings
+# (docs/kernel-notes.md, "The launch planner").
 TILE_COST = (0.64, 0.78, 1.0)
 BLOCK_OVERHEAD_TILES = (0.46, 1.18, 1.5)
 COMBINE_LAUNCH_TILES = 2.0
 BYTES_PER_TILE_STEP = 4.9e6
 PARTIAL_ROW_BYTES = VALUE_DIM * 2 + 4  # the workspace's layout: bf16 partial row + fp32 LSE
-# The model was fitted with fp32 partials (512 values + the LSE). Counting the bf16 bytes the partials have now
-# picks more chunks: on the H200 that was up to 12% faster for plans of 48-row blocks that still fit one wave (27
-# of 32, the rest within 1%; bs 1 q 9: 2k 0.97x, 4k 0.96x), and up to 9% slower for smaller blocks and for grids
-# past one wave, which keep the fitted count (probe_splits.py --partial-bytes; kernel/bench/splits-h200.md).
+# The model was fitted with fp32 partials: 48-row plans that fit one wave count the bf16 bytes the partials have
+# now (faster there), the others keep the fitted count (slower otherwise; docs/kernel-notes.md, "The launch planner").
 FP32_PARTIAL_ROW_BYTES = (VALUE_DIM + 1) * 4
-# The 48-row block has two warp layouts (csrc/verify_attention_kernel.cuh, score_slot): the split one is 3-6%
-# faster once a block runs 64 or more 16-key tiles, and ~0.6 us slower per call on short chunks
-# (kernel/bench/ab-h200.md, L, M).
+# The 48-row block has two warp layouts (csrc/verify_attention_kernel.cuh, score_slot): the split one pays off on
+# long chunks only (docs/kernel-notes.md, "The launch planner").
 SPLIT_SCHEDULERS_MIN_KEYS = 1024
 
 
@@ -124,8 +116,7 @@ def plan_launch(
     rows = q_len * heads
     fewest = row_tiling(q_len, heads, max_row_groups)
     # Smaller blocks only where the batch leaves SMs for KV chunks to fill: where the fewest blocks fill the GPU
-    # by themselves they also read each key the fewest times (32-row blocks in their place, chosen by the model
-    # on wave counts, ran 3% slower at bs 32 x 4k q 32 and bs 64 x 4k q 16; kernel/bench/ab-h200.md AJ).
+    # by themselves they also read each key the fewest times (docs/kernel-notes.md, "The launch planner").
     if fixed_row_groups or bs * fewest[1] >= slots:
         tilings = {fewest}
     else:
