@@ -1,4 +1,5 @@
-// Kernel instantiations, one translation unit per KV index type so they compile in parallel.
+// Kernel instantiations, one translation unit per KV index type so they compile in parallel (both the same
+// template: verify_attention_instances.cuh).
 #pragma once
 
 #include "verify_attention.h"
