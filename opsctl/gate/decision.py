@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..inventory import GateSettings
-from .lines import ParityLine, misplaced_marker, parse_line
+from .lines import MARKER, ParityLine, misplaced_marker, parse_line
 from .traffic import ProbeTally, Wave
 
 
@@ -107,7 +107,6 @@ class GateState:
     worst: ParityLine | None = None
     restarts_seen: int = 0
     ssh_failures_in_a_row: int = 0
-    last_ssh_error: str = ""
     traffic: Traffic = Traffic.SELF
     parity_grace_s: float = 30.0  # PROBE: how long after the first answered probe every rank must have printed
     ready_at: float | None = None  # PROBE: when the server first answered its readiness path with 200
@@ -257,7 +256,6 @@ class GateState:
 
     def ssh_failed(self, message: str, now: float) -> None:
         self.ssh_failures_in_a_row += 1
-        self.last_ssh_error = message
         if self.ssh_failures_in_a_row > self.settings.ssh_retries:
             self._decide(Verdict.ERROR, f"cannot read the host: {message} ({self.ssh_failures_in_a_row} attempts)", now)
 
@@ -400,7 +398,7 @@ def judge(state: GateState, message: str, now: float) -> Judgement | None:
     rec = parse_line(message)
     if not isinstance(rec, ParityLine):
         if rec is None and misplaced_marker(message):
-            return Judgement(LineVerdict.IGNORED, "[kdtree] inside another message, not a parity line", message)
+            return Judgement(LineVerdict.IGNORED, f"{MARKER} inside another message, not a parity line", message)
         return None
     return judge_record(state, rec, now)
 

@@ -23,7 +23,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-MARKER = "[kdtree]"
+from kdtree_backend.wire import MARKER, TOKEN_RE
+
 # The longest marked message accepted (the marker and everything after it). The backend's lines are under 400
 # characters; journald cuts stdout lines at LineMax (48K by default) into several entries, so a longer marked
 # message is not one the backend printed. A longer one is malformed (a FAIL when it carries the token).
@@ -44,7 +45,7 @@ _JOURNAL_PREFIX = rf"{_TIMESTAMP} \S+ [^\s\[\]:]+(?:\[[0-9]+\])?: "
 _SGLANG_PREFIX = (
     r"\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]+)?(?P<parts>(?: [A-Z]{2,4}[0-9]{1,4})*)\] "
 )
-_PREFIXED_MARKER_RE = re.compile(rf"(?:{_JOURNAL_PREFIX})?(?:{_SGLANG_PREFIX})?\[kdtree\]", re.ASCII)
+_PREFIXED_MARKER_RE = re.compile(rf"(?:{_JOURNAL_PREFIX})?(?:{_SGLANG_PREFIX})?{re.escape(MARKER)}", re.ASCII)
 _RANK_PART_RE = re.compile(r"\bTP([0-9]{1,4})\b", re.ASCII)
 
 # The values, exactly as the backend prints them: ASCII digits, no sign (but the exponent's), no "_".
@@ -54,7 +55,6 @@ _LAYER_RE = re.compile(r"L(0|[1-9][0-9]{0,5})", re.ASCII)
 _RANK_RE = re.compile(r"0|[1-9][0-9]{0,3}", re.ASCII)
 _INT_RE = re.compile(r"0|[1-9][0-9]{0,17}", re.ASCII)
 _TUPLE_RE = re.compile(r"\((?:(?:0|[1-9][0-9]{0,17}),(?: (?:0|[1-9][0-9]{0,17}),)*(?: (?:0|[1-9][0-9]{0,17}))?)?\)")
-TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{8,128}", re.ASCII)  # as kdtree_backend.lines prints it
 _WORD_RE = re.compile(r"[!-~]+", re.ASCII)  # any other value: printable ASCII, no space
 _LOOSE_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_])token=([A-Za-z0-9_-]+)", re.ASCII)
 
@@ -349,7 +349,7 @@ def _parse_full(raw: str) -> KdtreeLine | None:
         return _fallback(raw, prefix_rank, fields, problems)
     layer = _LAYER_RE.fullmatch(head)
     if layer is None:
-        problems.insert(0, f"not a [kdtree] line of a known kind (head {head[:40]!r})")
+        problems.insert(0, f"not a {MARKER} line of a known kind (head {head[:40]!r})")
         token = fields.get(TOKEN_KEY)
         return _malformed(raw, prefix_rank, problems, token if token and TOKEN_RE.fullmatch(token) else None)
     return _parity(raw, prefix_rank, int(layer.group(1)), fields, problems)

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from ..errors import GateFailed, UsageError
+from ..errors import UsageError
 from ..inventory import GateSettings
-from ..journal.follower import message_text
+from ..journal.query import message_text
 from .decision import GateState, Judgement, LineVerdict, Verdict, judge, line_reason
 from .lines import MARKER, ParityLine, malformed_line, parse_line
 
@@ -387,11 +387,6 @@ class ParityCheck:
             "summary": {**st.summary(), **self.judged.totals()},
             "lines": [c.to_json() for c in self.judged.lines],
         }
-
-    def raise_unless_pass(self) -> None:
-        if self.verdict is not Verdict.PASS:
-            raise GateFailed(f"parity check {self.verdict}: {self.state.reason}")
-
 
 class _Checker:
     """Cuts entries into invocations (without a given token) and feeds each one's gate."""

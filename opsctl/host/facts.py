@@ -94,8 +94,10 @@ def facts_command(root: str, unit: str) -> str:
 
 
 def key_values(text: str) -> Iterator[tuple[str, str]]:
-    """(key, value) of each ``key=value`` line, in order; lines without ``=`` are skipped."""
-    for line in text.splitlines():
+    """(key, value) of each ``key=value`` line, in order; lines without ``=`` are skipped. The one reader of the
+    ``key=value`` output of opsctl's host commands. A line is what ends at ``\n`` (as the parity parser reads
+    them): a value holding another line break stays one value."""
+    for line in text.split("\n"):
         key, sep, value = line.partition("=")
         if sep:
             yield key, value

@@ -388,8 +388,7 @@ def read_parity_token(r: Remote, layout: Layout) -> str | None:
 
 
 def parse_parity_env(text: str) -> str | None:
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
+    for key, value in key_values(text):
         if key.strip() == PARITY_TOKEN_VAR and value.strip():
             return value.strip()
     return None

@@ -3,15 +3,14 @@ service (``python -m kdtree_backend.replay``) for the pre-restart parity check a
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kdtree_backend.wire import PARITY_TOKEN_VAR, TOKEN_RE
+
 from ..errors import UsageError
 
-PARITY_TOKEN_VAR = "KDTREE_PARITY_TOKEN"  # read by kdtree_backend.lines; systemd passes it to the unit
-TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{8,128}")  # what kdtree_backend.lines accepts as a parity token
 REPLAY_MODULE = "kdtree_backend.replay"
 
 

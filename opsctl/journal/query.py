@@ -1,16 +1,23 @@
-"""journalctl queries: the gate's mark and poll (resumable by cursor), the logs command, the latest parity lines."""
+"""journalctl queries, each beside the function that reads its output: the gate's mark (:func:`mark_command`,
+:func:`parse_mark`) and poll (:func:`poll_command`, :func:`parse_poll`: the unit's state and the new entries,
+resumable by cursor), the logs command (JSON entries, :func:`parse_entries`), the latest parity lines."""
 
 from __future__ import annotations
 
+import json
 import shlex
+from dataclasses import dataclass
+from typing import Any
 
-from ..host.facts import unit_show_command
+from kdtree_backend.wire import MARKER
+
+from ..gate.decision import UnitObservation
+from ..host.facts import parse_systemctl_show, unit_show_command
 from ..unit.systemctl import service
 
 SEPARATOR = "--- opsctl journal ---"
 ENTRY_FIELDS = "MESSAGE,_SYSTEMD_INVOCATION_ID,__REALTIME_TIMESTAMP"
 POLL_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "InvocationID", "Result")
-MARKER = "[kdtree]"
 
 
 def mark_command(unit: str) -> str:
@@ -48,3 +55,83 @@ def latest_parity_lines_command(invocation_id: str, count: int = 64) -> str:
         f"journalctl _SYSTEMD_INVOCATION_ID={shlex.quote(invocation_id)} -o cat --no-pager -q "
         f"| grep -F {shlex.quote(MARKER + ' L')} | tail -n {int(count)}"
     )
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The journal position and invocation just before a restart."""
+
+    old_invocation: str
+    cursor: str | None
+    n_restarts: int = 0
+    token: str | None = None  # the parity token handed to the new invocation (None: lines are not token-checked)
+
+
+@dataclass(frozen=True)
+class Entry:
+    cursor: str
+    message: str
+    invocation: str
+    realtime_us: int
+
+
+def parse_mark(stdout: str) -> Mark:
+    lines = stdout.splitlines()
+    inv = lines[0].strip() if lines else ""
+    cursor = None
+    for line in lines[1:]:
+        try:
+            cursor = json.loads(line).get("__CURSOR") or cursor
+        except ValueError:
+            continue
+    return Mark(old_invocation=inv, cursor=cursor)
+
+
+def message_text(value: Any) -> str:
+    """journald's MESSAGE is a string, or a byte array when it is not valid UTF-8."""
+    if isinstance(value, list):
+        return bytes(v & 0xFF for v in value if isinstance(v, int)).decode("utf-8", "replace")
+    return value if isinstance(value, str) else ""
+
+
+def parse_entries(text: str) -> list[Entry]:
+    out = []
+    # One entry per \n-terminated line: journalctl prints U+2028, U+2029 raw inside a JSON string, and
+    # str.splitlines() would cut such an entry in two and drop it (a failing parity line lost, not judged).
+    for line in text.split("\n"):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a dropped connection; the cursor has not moved past it
+        cursor = doc.get("__CURSOR")
+        if not cursor:
+            continue
+        out.append(
+            Entry(
+                cursor=cursor,
+                message=message_text(doc.get("MESSAGE")),
+                invocation=str(doc.get("_SYSTEMD_INVOCATION_ID", "")),
+                realtime_us=int(doc.get("__REALTIME_TIMESTAMP") or 0),
+            )
+        )
+    return out
+
+
+def parse_unit_show(text: str) -> UnitObservation:
+    kv = parse_systemctl_show(text)
+    return UnitObservation(
+        active_state=kv.get("ActiveState", "unknown"),
+        sub_state=kv.get("SubState", "unknown"),
+        n_restarts=int(kv.get("NRestarts") or 0),
+        invocation_id=kv.get("InvocationID", ""),
+        result=kv.get("Result", ""),
+    )
+
+
+def parse_poll(stdout: str) -> tuple[UnitObservation, list[Entry]]:
+    """:func:`poll_command`'s output -> the unit's state and the journal entries after the cursor."""
+    head, _, body = stdout.partition(SEPARATOR)
+    return parse_unit_show(head), parse_entries(body)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from kdtree_backend.wire import REPLAY_EXIT_PARITY_FAILED
+
 from ..captures import workflow as captures
 from ..errors import DeployFailed, GateFailed
 from ..gate.decision import GateState, LineVerdict, Verdict
@@ -20,7 +22,6 @@ from .watch import feed_line
 
 PARITY_TIMEOUT_S = 600.0
 BUILD_EXIT_NO_CUDA = 3
-PARITY_EXIT_FAIL = 3
 EXT_SUBDIR = "kernel/build"
 
 
@@ -57,7 +58,7 @@ def prerestart_parity(r: Remote, host: HostConfig, layout: Layout, release: str,
         feed_line(state, message, 0.0, reporter)
     state.conclude(0.0)
     worst = state.worst.rel if state.worst is not None else None
-    if state.verdict is Verdict.FAIL or (res.rc == PARITY_EXIT_FAIL and state.lines):
+    if state.verdict is Verdict.FAIL or (res.rc == REPLAY_EXIT_PARITY_FAILED and state.lines):
         raise GateFailed(f"pre-restart parity {state.reason or f'worst rel {worst:.4g}'}")
     if res.rc == 0 and state.lines:
         return f"{state.lines} parity lines, worst rel {worst:.3g}; {captured}"

@@ -35,7 +35,7 @@ from ..host import history as host_history
 from ..host import releaseroot as hs
 from ..host.releaseroot import HostSnapshot, Layout
 from ..inventory import HostConfig
-from ..journal.follower import Mark
+from ..journal.query import Mark
 from ..lock import hostlock
 from ..lock.hostlock import LockOwner
 from ..lock.lease import LeaseKeeper, take_lock

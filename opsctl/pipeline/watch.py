@@ -15,8 +15,8 @@ from ..gate.traffic import ProbeClient, Wave, describe_tally, probing, serves_ht
 from ..host import releaseroot as hs
 from ..host.releaseroot import Layout
 from ..inventory import HostConfig
-from ..journal.follower import Follower, Mark, parse_mark
-from ..journal.query import mark_command
+from ..journal.follower import Follower
+from ..journal.query import Mark, mark_command, parse_mark
 from ..ssh.remote import Remote
 from ..ssh.session import Session
 from ..unit import systemctl as unit_commands

@@ -6,6 +6,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from ..host.facts import key_values
+
 UNIT_DIR = "/etc/systemd/system"
 
 
@@ -68,8 +70,7 @@ def parse_restart_output(stdout: str) -> RestartFacts:
     """:func:`restart_command`'s output. Pure."""
     rc = restarts = None
     envfiles: list[str] = []
-    for line in stdout.splitlines():
-        key, _, value = line.partition("=")
+    for key, value in key_values(stdout):
         if key == "rc" and value.strip().isdigit():
             rc = int(value)
         elif key == "restarts" and value.strip().isdigit():

@@ -149,9 +149,6 @@ def digest(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
-_Remote = Remote  # the name deploy.py knew; the protocol is opsctl.ssh.remote.Remote
-
-
 def install(r: Remote, host: HostConfig, text: str, current_text: str | None) -> bool:
     """Write the unit and daemon-reload, only when it changed. Returns whether it changed."""
     if current_text is not None and digest(current_text) == digest(text):

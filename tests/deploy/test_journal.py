@@ -1,6 +1,7 @@
 import json
 
-from opsctl.journal.follower import SEPARATOR, Follower, Mark, message_text, parse_mark, parse_unit_show
+from opsctl.journal.follower import Follower
+from opsctl.journal.query import SEPARATOR, Mark, message_text, parse_mark, parse_unit_show
 
 SHOW = "ActiveState=active\nSubState=running\nNRestarts=0\nInvocationID=new1\nResult=success\n"
 
