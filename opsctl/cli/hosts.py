@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..host.ping import HostFacts, ping_many
+from ..host.ping import PingReport, ping_many
 from . import common
 
 app = typer.Typer()
@@ -47,7 +47,7 @@ def hosts(inventory: common.InventoryOption = None, json_out: common.JsonOption 
 # ---------------------------------------------------------------------------------------------- ping
 
 
-def _ping_row(f: HostFacts) -> list[str]:
+def _ping_row(f: PingReport) -> list[str]:
     if not f.ok:
         return [
             f.host,

@@ -18,11 +18,11 @@ FACTS_TIMEOUT_S = 30.0
 # What ping shows of the unit (the probe reads more for the snapshot and health).
 PING_UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "NRestarts", "MainPID")
 
-__all__ = ["FACTS_TIMEOUT_S", "Gpu", "HostFacts", "facts_script", "ping", "ping_many"]
+__all__ = ["FACTS_TIMEOUT_S", "Gpu", "PingReport", "facts_script", "ping", "ping_many"]
 
 
 @dataclass(frozen=True)
-class HostFacts:
+class PingReport:
     host: str
     target: str
     reachable: bool
@@ -61,7 +61,7 @@ def facts_script(host: HostConfig) -> str:
     return facts_command(host.root, host.unit)
 
 
-def ping(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFacts:
+def ping(host: HostConfig, *, accept_new_host_key: bool = False) -> PingReport:
     """Facts about one host; never raises for an unreachable host (the failure is in the result)."""
     base = {"host": host.name, "target": f"{host.target}:{host.port}", "gpu_arch_expected": host.gpu_arch}
     start = time.monotonic()
@@ -74,7 +74,7 @@ def ping(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFacts:
     except OpsError as e:
         # Reached the host but could not get in (auth/host key) vs did not reach it at all.
         reached = isinstance(e, AuthFailed | HostKeyUnknown | HostKeyMismatch)
-        return HostFacts(
+        return PingReport(
             **base,
             reachable=reached,
             auth=False,
@@ -83,7 +83,7 @@ def ping(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFacts:
             exit_code=e.exit_code,
         )
     facts = parse_facts(res.stdout)
-    return HostFacts(
+    return PingReport(
         **base,
         reachable=True,
         auth=True,
@@ -105,7 +105,7 @@ def ping(host: HostConfig, *, accept_new_host_key: bool = False) -> HostFacts:
 
 def ping_many(
     hosts: Sequence[HostConfig], *, accept_new_host_key: bool = False, workers: int = DEFAULT_WORKERS
-) -> list[HostFacts]:
+) -> list[PingReport]:
     """Ping hosts in parallel; results in the order given."""
     return run_on_hosts(
         hosts, lambda h: ping(h, accept_new_host_key=accept_new_host_key), workers=workers, thread_name_prefix="ping"
