@@ -3,7 +3,7 @@ on chain masks) on identical SGLang-shaped inputs, with the two roofline ceiling
 the fp8 KV pool (SGLang --kv-cache-dtype fp8_e4m3) against the bf16 pool on the same shapes and against SGLang's
 own fp8 Triton path (``fp8_cases``), and the sm_120 projection of every case (project_sm120.py).
 
-    python kernel/bench/bench_verify.py --sglang-site /tmp/site --out kernel/bench/results-h200.json
+    python kernel/bench/bench_verify.py --sglang-site /tmp/site --out kernel/bench/results/h200/results.json
 
 Timing: every path is captured in a CUDA graph of several calls (as SGLang replays verify) and timed with
 triton.testing.do_bench (median). Calls rotate over several input sets so small problems are not served from
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import triton
+from gpu_tag import results_dir
 from kdtree_kernel import workspace_size
 from kdtree_kernel.plan import HEAD_DIM, VALUE_DIM
 from kdtree_kernel.testing import VerifyCase, make_case, rel_error
@@ -421,7 +422,7 @@ def write_markdown(path: Path, result: dict, extras: list[dict], cublas: float) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sglang-site", default="/tmp/site", help="dir with the sglang wheel unpacked")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results-h200.json"))
+    parser.add_argument("--out", type=Path, default=results_dir() / "results.json")
     parser.add_argument("--quick", action="store_true", help="first three tree cases only")
     parser.add_argument("--fp8", choices=("with", "only", "none"), default="with", help="the fp8 section")
     args = parser.parse_args(argv)
@@ -460,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases": cases,
         "fp8_cases": fp8_cases,
     }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     write_markdown(args.out.with_suffix(".md"), result, extras, ceil.cublas_tflops)
     args.out.with_suffix(".extra.json").write_text(

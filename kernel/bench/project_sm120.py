@@ -1,6 +1,6 @@
 """The benchmark cases projected onto the production GPU (RTX PRO 6000 Blackwell, sm_120) from counted work.
 
-    python kernel/bench/project_sm120.py   # reads results-h200.json, writes sm120-projection.{json,md}
+    python kernel/bench/project_sm120.py   # results/h200/results.json -> sm120-projection.{json,md} beside it
 
 No GPU and no torch: for each case of the committed H200 run (bf16, and fp8 where the run has fp8 cases) this
 counts, from the kernel's structure (csrc/verify_attention_kernel.cuh) and its launch plan (kdtree_kernel.plan,
@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 
+from gpu_tag import results_dir
+
 HERE = Path(__file__).resolve().parent
 HEAD_DIM = 576
 VALUE_DIM = 512
@@ -52,7 +54,7 @@ RTX_PRO_6000 = Gpu("RTX PRO 6000 (sm_120)", 188, 2.6, 1790.0, 504.0)
 
 def h200(result: dict) -> Gpu:
     """The H200 with the ceilings measured in the run itself (copy bandwidth, mma.sync rate); its SM clock
-    under this load sat at 1.76-1.97 GHz (steps-h200.md): 1.9 is used."""
+    under this load sat at 1.76-1.97 GHz (results/h200/steps.md): 1.9 is used."""
     return Gpu("H200 (sm_90)", 132, 1.9, float(result["copy_GBps"]), float(result["mma_TFLOPs"]))
 
 
@@ -195,7 +197,8 @@ def check_projectable(result: dict) -> None:
     if not is_projectable(result):
         raise ValueError(
             f"this run is on {result.get('device', 'an unnamed GPU')} (compute capability "
-            f"{result['compute_capability']}), not an H200: the projection starts from an H200 run (results-h200.json)"
+            f"{result['compute_capability']}), not an H200: the projection starts from an H200 run "
+            "(results/h200/results.json)"
         )
 
 
@@ -235,8 +238,8 @@ HEADER = [
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--results", type=Path, default=HERE / "results-h200.json")
-    parser.add_argument("--out", type=Path, default=HERE / "sm120-projection.json")
+    parser.add_argument("--results", type=Path, default=results_dir() / "results.json")
+    parser.add_argument("--out", type=Path, default=results_dir() / "sm120-projection.json")
     args = parser.parse_args(argv)
     result = json.loads(args.results.read_text())
     try:

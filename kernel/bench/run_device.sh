@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session: unpack the sglang wheel, build the extension for the GPU it finds (sm_90 on the H200),
 # run the GPU tests and the benchmark. Usage (repo root): bash kernel/bench/run_device.sh [build] [kernel-tests] [bench] [all-tests]
-# Logs land in $OUT (or /tmp/kdtree-out).
+# Logs land in $OUT (or /tmp/kdtree-out); the bench stage's results in kernel/bench/results/<tag>/ (and $OUT).
 set -uo pipefail
 OUT=${OUT:-/tmp/kdtree-out}
 mkdir -p "$OUT"
@@ -15,13 +15,15 @@ stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s"; }
 stamp wheel
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 10
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-# The compute capability to build for and the tag of the result files (kernel/bench/gpu_tag.py: 9.0 h200 on the
+# The compute capability to build for and the tag of the results folder (kernel/bench/gpu_tag.py: 9.0 h200 on the
 # H200, 12.0 rtxpro6000 on the RTX PRO 6000); KDTREE_ARCH and KDTREE_GPU_TAG override them.
 # gpu_tag.py prints both words or nothing (its message on stderr), and then read fails.
 read -r ARCH TAG < <(python3 kernel/bench/gpu_tag.py "$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | head -1)") || exit 16
 ARCH=${KDTREE_ARCH:-$ARCH}
 TAG=${KDTREE_GPU_TAG:-$TAG}
-echo "building for compute capability $ARCH, result files tagged $TAG" | tee -a "$OUT/gpu.txt"
+RESULTS="kernel/bench/results/$TAG"  # gpu_tag.results_dir
+PATCHES=kernel/bench/patches
+echo "building for compute capability $ARCH, results in $RESULTS" | tee -a "$OUT/gpu.txt"
 
 for stage in $stages; do
   stamp "$stage"
@@ -33,8 +35,8 @@ for stage in $stages; do
       timeout 300 python3 -m pytest -m gpu tests/kernel -q -x --noconftest -p no:cacheprovider --timeout 120 2>&1 | tee "$OUT/kernel-tests.log" | tail -15
       [ "${PIPESTATUS[0]}" = 0 ] || exit 13 ;;
     bench)
-      python3 kernel/bench/bench_verify.py --sglang-site /tmp/site --out "kernel/bench/results-$TAG.json" 2> "$OUT/bench.log"
-      cp "kernel/bench/results-$TAG.json" "kernel/bench/results-$TAG.md" "kernel/bench/results-$TAG.extra.json" "$OUT/" ;;
+      python3 kernel/bench/bench_verify.py --sglang-site /tmp/site --out "$RESULTS/results.json" 2> "$OUT/bench.log"
+      cp "$RESULTS/results.json" "$RESULTS/results.md" "$RESULTS/results.extra.json" "$OUT/" ;;
     probe)
       python3 kernel/bench/probe_memory.py 2>&1 | tee "$OUT/probe.log" ;;
     splits)
@@ -43,16 +45,16 @@ for stage in $stages; do
     steps)
       python3 kernel/bench/probe_steps.py --out "$OUT/steps.jsonl" 2>&1 | tail -12 ;;
     trace)
-      # Per-warp clock trace of one block's steps: kernel/csrc with trace-kernel.diff applied, built aside.
-      rm -rf /tmp/trace-src && cp -r kernel/csrc /tmp/trace-src && patch -s -d /tmp/trace-src -p1 < kernel/bench/trace-kernel.diff || exit 14
+      # Per-warp clock trace of one block's steps: kernel/csrc with patches/trace-kernel.diff applied, built aside.
+      rm -rf /tmp/trace-src && cp -r kernel/csrc /tmp/trace-src && patch -s -d /tmp/trace-src -p1 < "$PATCHES/trace-kernel.diff" || exit 14
       python3 deploy/build_extension.py --arch "$ARCH" --source-dir /tmp/trace-src --out /tmp/trace-build --log "$OUT/build-trace.log" --timeout 420 --jobs 16 || exit 14
       # TRACE_CASES: space-separated BSxPREFIXxQLENxHEADS, each planned with one KV chunk per request (default 64x8192x9x8).
       for c in ${TRACE_CASES:-64x8192x9x8}; do
         KDTREE_EXT_DIR=/tmp/trace-build python3 kernel/bench/trace_steps.py --case "$c" --out "$OUT/trace-$c.json"
       done ;;
     phases)
-      # Phase timeline of bs 1 calls (globaltimer per block event): kernel/csrc with phases-kernel.diff, built aside.
-      rm -rf /tmp/phase-src && cp -r kernel/csrc /tmp/phase-src && patch -s -d /tmp/phase-src -p1 < kernel/bench/phases-kernel.diff || exit 14
+      # Phase timeline of bs 1 calls (globaltimer per block event): kernel/csrc with patches/phases-kernel.diff, built aside.
+      rm -rf /tmp/phase-src && cp -r kernel/csrc /tmp/phase-src && patch -s -d /tmp/phase-src -p1 < "$PATCHES/phases-kernel.diff" || exit 14
       python3 deploy/build_extension.py --arch "$ARCH" --source-dir /tmp/phase-src --out /tmp/phase-build --log "$OUT/build-phases.log" --timeout 420 --jobs 16 || { tail -30 "$OUT/build-phases.log"; exit 14; }
       KDTREE_EXT_DIR=/tmp/phase-build python3 kernel/bench/trace_phases.py --out "$OUT/phases.json" 2>&1 | tee "$OUT/phases.log" ;;
     row-groups)
@@ -130,7 +132,7 @@ for stage in $stages; do
   esac
 done
 # The device tool brings back at most 8 files from $OUT: past that, the logs travel packed in one archive, so that the
-# results (results-$TAG.*, ab.*) are never the files left behind.
+# results (results.*, ab.*) are never the files left behind.
 if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
   (cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
 fi

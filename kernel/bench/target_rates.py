@@ -1,6 +1,6 @@
 """What each speed target of the kernel issue asks of the tensor cores, from a committed benchmark run.
 
-    python kernel/bench/target_rates.py   # reads results-h200.{json,extra.json}, writes targets-h200.{json,md}
+    python kernel/bench/target_rates.py   # results/h200/results.{json,extra.json} -> targets.{json,md} beside it
 
 For every tree case of the run and every target that case misses, the time the target allows and the mma.sync
 rate that time demands: the case's flops over 16-row tiles (the kernel's mma granularity: 72 rows run as 80),
@@ -16,7 +16,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from gpu_tag import results_dir
+
 ROWS_PER_TILE = 16  # rows of one m16n8k16 tile
 # The issue's targets (H200).
 GEOMEAN_TARGET = 30.0
@@ -94,7 +95,7 @@ def markdown(result: dict, uniform: float, rows: list[TargetDemand]) -> str:
     lines = [
         f"# What the speed targets ask of the tensor cores ({result['device']})",
         "",
-        f"`kernel/bench/target_rates.py` over `results-h200.json`: mma.sync ceiling {result['mma_TFLOPs']:.0f} "
+        f"`kernel/bench/target_rates.py` over `results.json`: mma.sync ceiling {result['mma_TFLOPs']:.0f} "
         f"TFLOP/s, copy {result['copy_GBps']} GB/s, both measured in that run. Per tree case: the executed mma rate "
         "now (flops over 16-row tiles, as a share of the ceiling), and for each target the case misses, the time it "
         "allows and the share of the ceiling that time needs. Targets: geomean >= 30x over Triton (every case "
@@ -115,15 +116,15 @@ def markdown(result: dict, uniform: float, rows: list[TargetDemand]) -> str:
         "",
         "At bs = 1 with short prefixes the shares are small because such a call is mostly a fixed chain (two kernel "
         "launches, the dependent index, pool-row and key loads, the combine), not tensor work: "
-        "`splits-h200.md` breaks it down.",
+        "`splits.md` breaks it down.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--results", type=Path, default=HERE / "results-h200.json")
-    parser.add_argument("--out", type=Path, default=HERE / "targets-h200.json")
+    parser.add_argument("--results", type=Path, default=results_dir() / "results.json")
+    parser.add_argument("--out", type=Path, default=results_dir() / "targets.json")
     args = parser.parse_args(argv)
     result = json.loads(args.results.read_text())
     extra = json.loads(args.results.with_suffix(".extra.json").read_text())

@@ -1,8 +1,8 @@
 """Phase timeline of a small-batch verify call (H200 diagnostic): where a bs 1 call's microseconds go, from each
 block's entry to its last store, for the main kernel and the combine.
 
-Needs a build of kernel/csrc with phases-kernel.diff applied (`run_device.sh phases` makes one): every block then
-writes (%globaltimer, %clock64) at fixed points into a buffer the binding owns (`phase_trace()`). Each call runs
+Needs a build of kernel/csrc with patches/phases-kernel.diff applied (`run_device.sh phases` makes one): every block
+then writes (%globaltimer, %clock64) at fixed points into a buffer the binding owns (`phase_trace()`). Each call runs
 in a CUDA graph after a 128 MB copy (a stand-in for the model's previous kernel: the GPU is busy, L2 is cold for
 the call's inputs), input sets rotated as in bench_verify.py. Times are in ns from the main kernel's first
 block entry, medians over the calls.

@@ -1,7 +1,7 @@
 """Per-warp clock trace of the verify kernel's 16-key steps (H200 diagnostic): where a step's ~1600 cycles go.
 
-Needs a build of kernel/csrc with trace-kernel.diff applied (`run_device.sh trace` makes one): block (row block 0,
-split 0) of request 5 then writes %clock at fixed points of steps 100..107 into its own output rows (so its
+Needs a build of kernel/csrc with patches/trace-kernel.diff applied (`run_device.sh trace` makes one): block (row
+block 0, split 0) of request 5 then writes %clock at fixed points of steps 100..107 into its own output rows (so its
 output is garbage), for each of its block's warps. This script runs one case (bs 64 x 8192 q 9 H 8, the split
 layout of 48-row blocks, unless --case names another whose plan has one KV chunk per request: the combine would
 overwrite the traced rows), reads the clocks back and prints, per role, the median cycle (relative to the block

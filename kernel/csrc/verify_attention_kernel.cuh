@@ -63,7 +63,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 // so P stays below 2^8 (bf16 and fp16 hold that with the same relative precision as P <= 1; row sums and O are
 // fp32). An eager maximum moves a row at tile t with probability ~1/t on random scores, and a value warp rescales
 // a row tile (32 FMUL) when any of its 16 rows moved: on most tiles of a chunk. Lagging by up to 2^8 leaves a
-// handful of moves a chunk; measured 2-7% faster from 32 rows up (kernel/bench/ab-h200.md AJ).
+// handful of moves a chunk; measured 2-7% faster from 32 rows up (kernel/bench/results/h200/ab.md AJ).
 constexpr float kLazyMaxLog2 = 8.f;
 
 // FP8 KV (SGLang --kv-cache-dtype fp8_e4m3: float8_e4m3fn rows, keys = row * k_scale, values = row[:512] *
@@ -356,7 +356,7 @@ __device__ __forceinline__ void score_tile(const VerifyParams& p, const uint32_t
 // instructions a warp, each reading 8 rows x 64 bytes) and the fragments come back through a 1 KB scratch with
 // ldmatrix. Loading the fragments' 4-byte words directly (144 load instructions a warp, each touching 8 rows) held
 // up the first key tile's gathers, which share the load path: on the H200 a bs 1 block's first tile landed 1.3-2.0
-// us later, and bs 1 q 9 calls were 6-17% slower (kernel/bench/trace_phases.py, ab-h200.md AH).
+// us later, and bs 1 q 9 calls were 6-17% slower (kernel/bench/trace_phases.py, ab.md AH).
 // Segment j of a row (dims 64 j + 32 half .. + 31: local k-steps 2 j and 2 j + 1, see score_k_lanes) is 4 pieces;
 // lane l loads piece l % 4 of rows l / 4 and l / 4 + 8. The scratch holds one segment of the 16 rows, 64 bytes a
 // row, pieces XOR-swizzled by (row / 2) % 4 so that ldmatrix's 8 row reads hit distinct banks.
@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(launch_threads<RG, kSplit>(), 1)
   // The request's index entries (qo_indptr and both kv_indptr ends) load together at entry: one round trip for
   // the three. Loaded after the prologue barrier, as before, qo_indptr was one more trip in front of the score
   // warps' Q, and ptxas re-derived the value warps' shared-memory base inside their loop (3-4 S2R SR_CgaCtaId
-  // a step on sm_90a, none now); long chunks ran 2-4% slower that way (kernel/bench/ab-h200.md AI).
+  // a step on sm_90a, none now); long chunks ran 2-4% slower that way (kernel/bench/results/h200/ab.md AI).
   const int q_tok0 = p.qo_indptr[b];
   const int kv_begin = p.kv_indptr[b];
   const int kv_len = request_keys(p, b);

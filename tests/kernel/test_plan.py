@@ -97,7 +97,7 @@ def test_workspace_covers_every_smaller_batch(q_len: int, heads: int, prefix: in
 
 
 # (bs, prefix, q_len, heads) -> the chunk size timed fastest on the H200 (132 SMs) among 11 sizes from 32 to 4096
-# keys, for the fewest blocks that cover the rows (48 rows where there are more; kernel/bench/splits-h200.md).
+# keys, for the fewest blocks that cover the rows (48 rows where there are more; kernel/bench/results/h200/splits.md).
 H200_FASTEST_CHUNK = {
     (1, 1024, 9, 8): 32,
     (1, 8192, 9, 8): 128,
@@ -111,8 +111,8 @@ H200_FASTEST_CHUNK = {
 
 
 # Cases whose plan the cost model's count of partial bytes (fp32, as fitted, or the bf16 the workspace holds)
-# changes -> the chunk of the two plans timed faster on the H200 (kernel/bench/partial-bytes-h200.json): the bf16
-# count wins for 48-row blocks within one wave, the fp32 count for smaller blocks and grids past one wave.
+# changes -> the chunk of the two plans timed faster on the H200 (kernel/bench/results/h200/partial-bytes.json):
+# the bf16 count wins for 48-row blocks within one wave, the fp32 count for smaller blocks and grids past one wave.
 H200_FASTER_OF_TWO_CHUNKS = {
     (1, 2048, 9, 8): 32,  # 15.6 us against 16.1
     (1, 4096, 9, 8): 64,  # 17.5 against 18.3
@@ -132,7 +132,7 @@ def test_plan_picks_the_chunk_measured_fastest(case: tuple[int, int, int, int], 
 
 
 # (bs, prefix, q_len, heads) -> (row groups, chunk) timed fastest on the H200 among blocks of 16, 32 and 48 rows,
-# each at up to 7 chunk sizes around its own plan (kernel/bench/splits-h200.md, "Row groups").
+# each at up to 7 chunk sizes around its own plan (kernel/bench/results/h200/splits.md, "Row groups").
 H200_FASTEST_ROW_GROUPS = {
     (1, 1024, 9, 8): (1, 64),  # 9.5 us; 48-row blocks 11.7
     (1, 2048, 9, 8): (1, 96),  # 10.6; 12.8
@@ -176,7 +176,8 @@ def test_fixed_row_groups_takes_the_fewest_blocks(bs: int, prefix: int, q_len: i
 @pytest.mark.parametrize(
     ("bs", "prefix", "q_len", "heads", "split_layout"),
     [
-        # The A/B cases of kernel/bench/ab-h200.md (L, M): the split layout lost on chunks of 2-32 tiles, won from 66.
+        # The A/B cases of kernel/bench/results/h200/ab.md (L, M): the split layout lost on chunks of 2-32 tiles,
+        # won from 66.
         (1, 1024, 9, 8, False),
         (1, 8192, 9, 8, False),
         (1, 32768, 9, 8, False),
