@@ -17,6 +17,7 @@ import os
 import struct
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -71,8 +72,8 @@ def encode(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | No
     return struct.pack("<Q", len(text)) + text + b"".join(chunks)
 
 
-def decode(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """(tensors, metadata) from a file's bytes; raises :class:`TensorFileError` on anything malformed."""
+def _split_header(data: bytes) -> tuple[dict[str, Any], memoryview]:
+    """The header's JSON object and the bytes after it (the tensors' data)."""
     if len(data) < 8:
         raise TensorFileError(f"{len(data)} bytes: too short for a safetensors header")
     (size,) = struct.unpack("<Q", data[:8])
@@ -84,41 +85,59 @@ def decode(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         raise TensorFileError(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise TensorFileError("header is not a JSON object")
-    body = memoryview(data)[8 + size :]
+    return header, memoryview(data)[8 + size :]
+
+
+def _element_count(name: str, shape: list[int]) -> int:
+    count = 1
+    for d in shape:
+        if d < 0:
+            raise TensorFileError(f"tensor {name!r}: negative dimension in {shape}")
+        count *= d
+    return count
+
+
+def _decode_tensor(name: str, info: Any, body: memoryview) -> tuple[torch.Tensor, tuple[int, int]]:
+    """One header entry's tensor, and the span of ``body`` it takes."""
+    try:
+        dtype = _BY_NAME[info["dtype"]]
+        shape = [int(d) for d in info["shape"]]
+        begin, end = (int(x) for x in info["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        raise TensorFileError(f"tensor {name!r}: bad entry {info!r}") from None
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    count = _element_count(name, shape)
+    if not 0 <= begin <= end <= len(body) or end - begin != count * itemsize:
+        raise TensorFileError(f"tensor {name!r}: offsets {begin}..{end} do not hold {shape} {info['dtype']}")
+    if count == 0:
+        return torch.empty(shape, dtype=dtype), (begin, end)
+    raw = torch.frombuffer(bytearray(body[begin:end]), dtype=torch.uint8)
+    return raw.view(dtype).reshape(shape), (begin, end)
+
+
+def _check_packed(spans: list[tuple[int, int]], body_bytes: int) -> None:
+    """The tensors' spans cover the data back to back: no hole, no overlap, nothing after the last."""
+    cursor = 0
+    for begin, end in sorted(spans):
+        if begin != cursor:
+            raise TensorFileError(f"tensor data has a hole or an overlap at byte {cursor}")
+        cursor = end
+    if cursor != body_bytes:
+        raise TensorFileError(f"{body_bytes - cursor} bytes after the last tensor")
+
+
+def decode(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, metadata) from a file's bytes; raises :class:`TensorFileError` on anything malformed."""
+    header, body = _split_header(data)
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise TensorFileError("__metadata__ must map strings to strings")
     tensors: dict[str, torch.Tensor] = {}
-    spans = []
+    spans: list[tuple[int, int]] = []
     for name, info in header.items():
-        try:
-            dtype = _BY_NAME[info["dtype"]]
-            shape = [int(d) for d in info["shape"]]
-            begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise TensorFileError(f"tensor {name!r}: bad entry {info!r}") from None
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        count = 1
-        for d in shape:
-            if d < 0:
-                raise TensorFileError(f"tensor {name!r}: negative dimension in {shape}")
-            count *= d
-        if not 0 <= begin <= end <= len(body) or end - begin != count * itemsize:
-            raise TensorFileError(f"tensor {name!r}: offsets {begin}..{end} do not hold {shape} {info['dtype']}")
-        spans.append((begin, end))
-        if count == 0:
-            tensors[name] = torch.empty(shape, dtype=dtype)
-        else:
-            raw = torch.frombuffer(bytearray(body[begin:end]), dtype=torch.uint8)
-            tensors[name] = raw.view(dtype).reshape(shape)
-    spans.sort()
-    cursor = 0
-    for begin, end in spans:
-        if begin != cursor:
-            raise TensorFileError(f"tensor data has a hole or an overlap at byte {cursor}")
-        cursor = end
-    if cursor != len(body):
-        raise TensorFileError(f"{len(body) - cursor} bytes after the last tensor")
+        tensors[name], span = _decode_tensor(name, info, body)
+        spans.append(span)
+    _check_packed(spans, len(body))
     return tensors, dict(metadata)
 
 
