@@ -465,4 +465,3 @@ class Capturer:
         """Wait until every queued file is written (tests, shutdown)."""
         if self._writer is not None:
             self._writer.drain()
-

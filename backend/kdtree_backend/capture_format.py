@@ -146,4 +146,3 @@ def locate(module_file: str | Path = __file__, environ: Mapping[str, str] | None
     if installed:
         return here.parents[4] / "state" / CAPTURE_SUBDIR, release
     return None, release
-

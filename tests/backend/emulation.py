@@ -5,9 +5,46 @@ return at once for them), and :class:`GraphServer`, the CUDA-graph runner's prot
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from kdtree_backend.batch import VerifyBatch
 from kdtree_backend.engine import VerifyEngine
+
+
+def target_verify_extend(
+    extend_attention_fwd: Callable[..., None],
+    batch: VerifyBatch,
+    layer: int,
+    out: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    *,
+    pool: torch.Tensor | None = None,
+    kv_scale: float = 1.0,
+) -> None:
+    """SGLang's call for TARGET_VERIFY (triton_backend.forward_extend -> extend_attention_fwd) on ``batch``: the
+    real Triton kernel (GPU tests) or :func:`extend_attention_emulated` (CPU). ``pool``: the layer's pool as the
+    kernel reads it (an fp8 pool with its ``kv_scale``); the drafts' K is what forward_extend hands over (bf16)."""
+    k_ext = batch.k_extend(layer).contiguous()
+    kv = batch.kv_buffers[layer] if pool is None else pool
+    extend_attention_fwd(
+        batch.q[layer],
+        k_ext,
+        k_ext[..., :512].contiguous(),
+        out,
+        kv,
+        kv[..., :512],
+        qo_indptr,
+        batch.kv_indptr,
+        batch.kv_indices,
+        batch.custom_mask,
+        True,
+        batch.mask_indptr,
+        batch.q_len,
+        kv_scale,
+        kv_scale,
+        sm_scale=batch.sm_scale,
+    )
 
 
 def extend_attention_emulated(

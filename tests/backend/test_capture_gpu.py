@@ -21,20 +21,16 @@ from kdtree_backend.capture_format import REQUEST_FILE
 from kdtree_backend.config import ParityConfig
 from kdtree_backend.engine import VerifyEngine
 from kdtree_backend.replay_captures import find_calls, load_call, replay_captures
-from kdtree_backend.verify import kernel_usable, parity_stats
+from kdtree_backend.verify import parity_stats
+
+from tests.gpu_helpers import NEEDS_CUDA, require_kernel
 
 from .emulation import GraphServer, rows_read
 from .helpers import PYTHON, REPO, buggy_release, replay_env
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = list(NEEDS_CUDA)
 CAPTURE_ID = "c20260601T120000Z-0a1b2c"
 BS, PREFIX, Q_LEN, HEADS, LAYERS = 4, 700, 9, 8, (0, 30)
-
-
-def require_kernel() -> None:
-    usable, reason = kernel_usable(torch.device("cuda"))
-    if not usable:
-        pytest.skip(f"kdtree CUDA extension not usable here ({reason}): build it with deploy/build_extension.py")
 
 
 def arm(directory: Path, steps: int = 2) -> None:

@@ -11,7 +11,7 @@ from kdtree_backend.config import ParityConfig
 from kdtree_backend.engine import VerifyEngine
 from kdtree_backend.verify import parity_stats
 
-from .emulation import extend_attention_emulated
+from .emulation import extend_attention_emulated, target_verify_extend
 
 PARITY = re.compile(r"^\[kdtree\] L(\d+) max_abs_diff=\S+ mean=\S+ rel=(\S+) tp=0 mode=(\w+) step=(\d+)$")
 SHAPES = re.compile(r"^\[kdtree\] shapes .* kv_len_max=(\d+) ")
@@ -19,23 +19,7 @@ SHAPES = re.compile(r"^\[kdtree\] shapes .* kv_len_max=(\d+) ")
 
 def reference_for(batch, layer: int):
     def run(out: torch.Tensor, qo_indptr: torch.Tensor) -> None:
-        k_ext = batch.k_extend(layer)
-        extend_attention_emulated(
-            batch.q[layer],
-            k_ext,
-            k_ext[..., :512],
-            out,
-            batch.kv_buffers[layer],
-            batch.kv_buffers[layer][..., :512],
-            qo_indptr,
-            batch.kv_indptr,
-            batch.kv_indices,
-            batch.custom_mask,
-            True,
-            batch.mask_indptr,
-            batch.q_len,
-            sm_scale=batch.sm_scale,
-        )
+        target_verify_extend(extend_attention_emulated, batch, layer, out, qo_indptr)
 
     return run
 

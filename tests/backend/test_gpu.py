@@ -17,22 +17,16 @@ import torch
 from kdtree_backend.batch import dense_verify_attention, make_verify_batch
 from kdtree_backend.config import ParityConfig
 from kdtree_backend.engine import VerifyEngine
-from kdtree_backend.verify import attend, kernel_usable, marshal_verify, parity_stats
+from kdtree_backend.verify import attend, marshal_verify, parity_stats
 
+from tests.gpu_helpers import NEEDS_CUDA, require_kernel
+
+from .emulation import target_verify_extend
 from .helpers import PARITY_RE, PYTHON, REPO, buggy_release, replay_env
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = list(NEEDS_CUDA)
 SITE = Path(os.environ.get("SGLANG_SITE", "/tmp/site"))
 GRAPH_PARITY = re.compile(r"^\[kdtree\] L(\d+) max_abs_diff=\S+ mean=\S+ rel=(\S+) tp=0 mode=graph step=(\d+)$")
-
-
-def require_kernel() -> None:
-    usable, reason = kernel_usable(torch.device("cuda"))
-    if not usable:
-        pytest.skip(f"kdtree CUDA extension not usable here ({reason}): build it with deploy/build_extension.py")
 
 
 def sglang_extend() -> ModuleType:
@@ -47,30 +41,6 @@ def sglang_extend() -> ModuleType:
     spec.loader.exec_module(loader)
     extend, _ = loader.load_sglang_attention(SITE)
     return extend
-
-
-def triton_verify(extend: ModuleType, batch, layer: int, out: torch.Tensor, qo_indptr: torch.Tensor) -> None:
-    """SGLang's call for TARGET_VERIFY (triton_backend.forward_extend -> extend_attention_fwd)."""
-    k_ext = batch.k_extend(layer)
-    kv = batch.kv_buffers[layer]
-    extend.extend_attention_fwd(
-        batch.q[layer],
-        k_ext.contiguous(),
-        k_ext[..., :512].contiguous(),
-        out,
-        kv,
-        kv[..., :512],
-        qo_indptr,
-        batch.kv_indptr,
-        batch.kv_indices,
-        batch.custom_mask,
-        True,
-        batch.mask_indptr,
-        batch.q_len,
-        1.0,
-        1.0,
-        sm_scale=batch.sm_scale,
-    )
 
 
 CASES = [
@@ -93,7 +63,7 @@ def test_verify_path_matches_sglang_triton(bs: int, prefix: int, q_len: int, hea
     )
     out = attend(batch.q[0], batch.kv_buffers[0], meta, batch.qo_indptr, batch.sm_scale, use_kernel=True)
     ref = torch.empty_like(out)
-    triton_verify(extend, batch, 0, ref, batch.qo_indptr)
+    target_verify_extend(extend.extend_attention_fwd, batch, 0, ref, batch.qo_indptr)
     torch.cuda.synchronize()
     rel_triton = parity_stats(out, ref)[2]
     rel_dense = parity_stats(out, dense_verify_attention(batch, 0))[2]
@@ -127,25 +97,7 @@ def test_fp8_pool_served_by_the_kernel_against_sglang_fp8_triton(
         batch.q[0], pool8, meta, batch.qo_indptr, batch.sm_scale, use_kernel=True, k_scale=FP8_SCALE, v_scale=FP8_SCALE
     )
     ref = torch.empty_like(out)
-    k_ext = batch.k_extend(0).contiguous()  # the drafts' K as forward_extend hands it to Triton (bf16)
-    extend.extend_attention_fwd(
-        batch.q[0],
-        k_ext,
-        k_ext[..., :512].contiguous(),
-        ref,
-        pool8,
-        pool8[..., :512],
-        batch.qo_indptr,
-        batch.kv_indptr,
-        batch.kv_indices,
-        batch.custom_mask,
-        True,
-        batch.mask_indptr,
-        batch.q_len,
-        FP8_SCALE,
-        FP8_SCALE,
-        sm_scale=batch.sm_scale,
-    )
+    target_verify_extend(extend.extend_attention_fwd, batch, 0, ref, batch.qo_indptr, pool=pool8, kv_scale=FP8_SCALE)
     torch.cuda.synchronize()
     dense = dense_verify_attention(batch, 0)
     rel_triton = parity_stats(out, ref)[2]

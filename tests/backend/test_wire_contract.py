@@ -32,7 +32,9 @@ def backend_lines() -> list[str]:
     """One line of each kind, as the backend formats them."""
     identity = ParityIdentity(tp=1, token=GOOD_TOKEN)
     return [
-        format_shapes(q=(9, 8, 576), kv_buf=(64, 576), bs=1, q_len=9, dl=512, dr=64, kv_len_max=30, scale=0.1, mask=(9,)),
+        format_shapes(
+            q=(9, 8, 576), kv_buf=(64, 576), bs=1, q_len=9, dl=512, dr=64, kv_len_max=30, scale=0.1, mask=(9,)
+        ),
         format_parity(56, 1e-3, 1e-4, 2e-3, identity),
         format_fallback("fp8_kv_cache", path="triton"),
     ]

@@ -8,17 +8,11 @@ import zlib
 
 import pytest
 import torch
-from kdtree_kernel import extension_available, workspace_size
 from kdtree_kernel.testing import capture_graph, make_case, rel_error
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(
-        torch.cuda.is_available() and not extension_available(),
-        reason="kdtree_verify_ext not built (deploy/build_extension.py; set KDTREE_EXT_DIR)",
-    ),
-]
+from tests.gpu_helpers import NEEDS_EXTENSION, nan_outputs, workspace
+
+pytestmark = list(NEEDS_EXTENSION)
 
 SM_SCALE = 0.14468
 REL_TOL = 1e-2
@@ -48,8 +42,7 @@ SHAPES = [
 
 
 def _run(case, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    out = torch.full((case.bs * case.q_len, case.heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((case.bs * case.q_len, case.heads), float("nan"), dtype=torch.float32, device="cuda")
+    out, lse = nan_outputs(case.bs * case.q_len, case.heads)
     case.run_kernel(SM_SCALE, out=out, lse=lse, **kwargs)
     return out, lse
 
@@ -99,7 +92,7 @@ def test_fp8_cuda_graph_replay_matches_eager(bs: int, prefix: int, q_len: int, h
     bound = prefix + 1000
     t = bs * q_len
     out = torch.empty(t, heads, 512, dtype=torch.bfloat16, device="cuda")
-    ws = torch.empty(max(1, workspace_size(bs, q_len, heads, bound, fp8=True)), dtype=torch.uint8, device="cuda")
+    ws = workspace(bs, q_len, heads, bound, fp8=True)
 
     def call() -> None:
         case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, workspace=ws)
@@ -122,6 +115,6 @@ def test_fp8_prefix_longer_than_planned_bound_keeps_every_key() -> None:
     case = make_case(1, 8192, 2, 8, seed=13, kv_dtype=FP8, kv_scale=1 / 32)
     bound = 500
     out = torch.full((2, 8, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    ws = torch.empty(max(1, workspace_size(1, 2, 8, bound, fp8=True)), dtype=torch.uint8, device="cuda")
+    ws = workspace(1, 2, 8, bound, fp8=True)
     case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, workspace=ws)
     assert rel_error(out, case.reference(SM_SCALE)) <= REL_TOL

@@ -102,9 +102,7 @@ def test_results_and_patches_live_where_run_device_puts_them() -> None:
 @pytest.mark.skipif(shutil.which("git") is None, reason="git not found on PATH")
 def test_kernel_bench_commits_scripts_results_and_patches_only() -> None:
     """A run's logs and profiles stay out of git (kernel/bench/.gitignore); a result's JSON and markdown are kept."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--", "."], cwd=BENCH, capture_output=True, text=True, check=False
-    )
+    listed = subprocess.run(["git", "ls-files", "--", "."], cwd=BENCH, capture_output=True, text=True, check=False)
     if listed.returncode != 0:
         pytest.skip(f"not a git checkout: {listed.stderr.strip()}")
     misplaced = [

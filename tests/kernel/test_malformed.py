@@ -5,33 +5,15 @@ The refusal itself (kdtree_kernel.inputs) is CPU code and runs everywhere; the k
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
 import pytest
 import torch
-from kdtree_kernel import extension_available, launch_plan, workspace_size
+from kdtree_kernel import launch_plan
 from kdtree_kernel.inputs import MalformedKeys, key_lengths
 from kdtree_kernel.testing import capture_graph, make_case, rel_error
 
+from tests.gpu_helpers import extension_test, workspace
+
 SM_SCALE = 0.14468
-GPU_MARKS = (
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(
-        torch.cuda.is_available() and not extension_available(),
-        reason="kdtree_verify_ext not built (deploy/build_extension.py; set KDTREE_EXT_DIR)",
-    ),
-)
-
-F = TypeVar("F", bound=Callable[..., None])
-
-
-def gpu(fn: F) -> F:
-    """The GPU tests' marks (the CPU tests of this module run everywhere)."""
-    for mark in GPU_MARKS:
-        fn = mark(fn)
-    return fn
 
 
 def _indptr(*values: int) -> torch.Tensor:
@@ -82,7 +64,7 @@ def _rows(case, b: int) -> slice:
     return slice(b * case.q_len, (b + 1) * case.q_len)
 
 
-@gpu
+@extension_test
 @pytest.mark.parametrize("how", ["short", "past_end", "negative"])
 @pytest.mark.parametrize(("bs", "prefix"), [(3, 8192), (64, 600)])
 @pytest.mark.parametrize("fp8", [False, True])
@@ -94,7 +76,7 @@ def test_malformed_request_under_capture_reads_nothing(bs: int, prefix: int, how
     t = bs * q_len
     out = torch.empty(t, heads, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(t, heads, dtype=torch.float32, device="cuda")
-    ws = torch.empty(max(1, workspace_size(bs, q_len, heads, prefix, fp8=fp8)), dtype=torch.uint8, device="cuda")
+    ws = workspace(bs, q_len, heads, prefix, fp8=fp8)
 
     def call() -> None:
         case.run_kernel(SM_SCALE, max_prefix_len=prefix, out=out, lse=lse, workspace=ws)
@@ -117,7 +99,7 @@ def test_malformed_request_under_capture_reads_nothing(bs: int, prefix: int, how
         call()
 
 
-@gpu
+@extension_test
 def test_both_chunk_paths_are_covered() -> None:
     """The capture test's two shapes take the one-chunk path (zeros from the main kernel) and the split path
     (zeros from the combine kernel)."""
@@ -125,7 +107,7 @@ def test_both_chunk_paths_are_covered() -> None:
     assert launch_plan(64, 9, 8, 600).splits == 1
 
 
-@gpu
+@extension_test
 @pytest.mark.parametrize("validate", [None, True])
 def test_eager_call_refuses_a_short_request(validate: bool | None) -> None:
     case = make_case(2, 100, 9, 8, seed=1)

@@ -7,21 +7,12 @@ import zlib
 
 import pytest
 import torch
-from kdtree_kernel import (
-    extension_available,
-    launch_plan,
-    workspace_size,
-)
+from kdtree_kernel import launch_plan, workspace_size
 from kdtree_kernel.testing import capture_graph, make_case, rel_error
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(
-        torch.cuda.is_available() and not extension_available(),
-        reason="kdtree_verify_ext not built (deploy/build_extension.py; set KDTREE_EXT_DIR)",
-    ),
-]
+from tests.gpu_helpers import NEEDS_EXTENSION, nan_outputs, workspace
+
+pytestmark = list(NEEDS_EXTENSION)
 
 SM_SCALE = 0.14468
 REL_TOL = 1e-2
@@ -56,8 +47,7 @@ def _reference(case, sm_scale: float = SM_SCALE):
 
 
 def _run(case, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    out = torch.full((case.bs * case.q_len, case.heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((case.bs * case.q_len, case.heads), float("nan"), dtype=torch.float32, device="cuda")
+    out, lse = nan_outputs(case.bs * case.q_len, case.heads)
     case.run_kernel(SM_SCALE, out=out, lse=lse, **kwargs)
     return out, lse
 
@@ -179,7 +169,7 @@ def test_cuda_graph_replay_matches_eager(
     t = bs * q_len
     out = torch.empty(t, heads, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(t, heads, dtype=torch.float32, device="cuda")
-    ws = torch.empty(max(1, workspace_size(bs, q_len, heads, bound)), dtype=torch.uint8, device="cuda")
+    ws = workspace(bs, q_len, heads, bound)
 
     def call() -> None:
         case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, lse=lse, workspace=ws)
@@ -213,9 +203,8 @@ def test_prefix_longer_than_planned_bound_keeps_every_key(bs: int, prefix: int, 
     assert plan.splits * plan.chunk_keys < prefix + 9, "the planned fixed chunks must fall short of the keys"
     case = make_case(bs, prefix, 9, 8, ragged=False, seed=bs + prefix)
     t = bs * 9
-    out = torch.full((t, 8, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((t, 8), float("nan"), dtype=torch.float32, device="cuda")
-    ws = torch.empty(max(1, workspace_size(bs, 9, 8, bound)), dtype=torch.uint8, device="cuda")
+    out, lse = nan_outputs(t, 8)
+    ws = workspace(bs, 9, 8, bound)
     graph = capture_graph(lambda: case.run_kernel(SM_SCALE, max_prefix_len=bound, out=out, lse=lse, workspace=ws))
     graph.replay()
     torch.cuda.synchronize()
@@ -237,7 +226,7 @@ def test_dependent_launches_read_what_the_kernels_before_them_wrote(
     t = bs * 9
     out = torch.empty(t, 8, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(t, 8, dtype=torch.float32, device="cuda")
-    ws = torch.empty(max(1, workspace_size(bs, 9, 8, case.max_prefix)), dtype=torch.uint8, device="cuda")
+    ws = workspace(bs, 9, 8, case.max_prefix)
     q_src = torch.empty_like(case.q)
     kv_src = torch.empty_like(case.kv_buffer)
 
