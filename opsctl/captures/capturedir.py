@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Iterable
+
+from kdtree_backend.wire import CAPTURE_ID_RE
 
 from ..errors import UsageError
 
 CAPTURE_SUBDIR = "state/capture"
 REQUEST_FILE = "request.json"
-ID_RE = re.compile(r"c\d{8}T\d{6}Z-[0-9a-f]{6}")  # the backend accepts exactly these
 HOST_CLOCK_COMMAND = "date +%s"
 
 # Runs on the host with its python3 (no torch needed): what is stored, as JSON. argv[1] = the capture directory.
@@ -65,7 +65,7 @@ def capture_dir(root: str) -> str:
 
 def check_capture_id(capture_id: str, refusal: str | None = None) -> str:
     """``capture_id`` when it is one; else UsageError (``refusal``, or "bad capture id ...")."""
-    if not ID_RE.fullmatch(capture_id):
+    if not CAPTURE_ID_RE.fullmatch(capture_id):
         raise UsageError(refusal or f"bad capture id {capture_id!r}")
     return capture_id
 

@@ -1,6 +1,6 @@
 """``opsctl capture HOST``, ``opsctl captures HOST`` and the body of ``opsctl parity replay HOST`` (docs/capture.md).
 
-Thin over opsctl/captures.py: options, progress, rendering, exit codes.
+Thin over opsctl/captures/ (arming, listing, pruning, capture_replay): options, progress, rendering, exit codes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..captures import workflow as cap
+from ..captures import arming, capture_replay, pruning
+from ..captures.listing import CaptureFailed, CaptureSet, capture_dir, duration_text
 from ..errors import GateFailed
 from ..gate.decision import Verdict
 from ..host.releaseroot import new_parity_token
@@ -35,9 +36,9 @@ def _who() -> str:
         return "?"
 
 
-def _limits(keep: int | None, keep_mb: float | None, max_age_days: float | None) -> cap.PruneLimits:
-    base = cap.PruneLimits()
-    return cap.PruneLimits(
+def _limits(keep: int | None, keep_mb: float | None, max_age_days: float | None) -> pruning.PruneLimits:
+    base = pruning.PruneLimits()
+    return pruning.PruneLimits(
         keep=base.keep if keep is None else keep,
         max_bytes=base.max_bytes if keep_mb is None else int(keep_mb * 2**20),
         max_age_s=base.max_age_s if max_age_days is None else max_age_days * 86400,
@@ -52,7 +53,7 @@ class _Progress:
         self.last: tuple[int, int, int] | None = None
         self.last_at = 0.0
 
-    def __call__(self, current: cap.CaptureSet | None, elapsed: float) -> None:
+    def __call__(self, current: CaptureSet | None, elapsed: float) -> None:
         calls = len(current.calls) if current else 0
         done = len(current.done) if current else 0
         size = current.bytes if current else 0
@@ -67,7 +68,7 @@ class _Progress:
         )
 
 
-def _calls_table(capture: cap.CaptureSet) -> Table:
+def _calls_table(capture: CaptureSet) -> Table:
     table = Table(title=f"capture {capture.id}", title_justify="left")
     for col in ("tp", "layer", "step", "bs", "size", "release"):
         table.add_column(col)
@@ -84,23 +85,23 @@ app = typer.Typer()
 def capture(
     host: common.HostArg = None,
     layers: Annotated[str, typer.Option("--layers", help="Layer ids to capture, e.g. 0,30,60.")] = ",".join(
-        map(str, cap.DEFAULT_LAYERS)
+        map(str, arming.DEFAULT_LAYERS)
     ),
     steps: Annotated[
-        int, typer.Option("--steps", min=1, max=cap.MAX_STEPS, help="Verify steps to capture per TP rank.")
-    ] = cap.DEFAULT_STEPS,
+        int, typer.Option("--steps", min=1, max=arming.MAX_STEPS, help="Verify steps to capture per TP rank.")
+    ] = arming.DEFAULT_STEPS,
     max_mb: Annotated[
         float,
         typer.Option(
             "--max-mb", parser=common.finite_float, help="Most MB the capture may store (all TP ranks together)."
         ),
-    ] = cap.DEFAULT_MAX_MB,
+    ] = arming.DEFAULT_MAX_MB,
     ttl: Annotated[
         float,
         typer.Option(
             "--ttl", parser=common.finite_float, help="Seconds the request stays armed on the host (its clock)."
         ),
-    ] = cap.DEFAULT_TTL_S,
+    ] = arming.DEFAULT_TTL_S,
     timeout: Annotated[
         float | None,
         typer.Option(
@@ -114,13 +115,13 @@ def capture(
 
     The files stay on the host (root only, 0600) and expire. `opsctl captures HOST` lists them;
     `opsctl parity replay HOST --release R` replays them."""
-    layer_ids = cap.parse_layers(layers)
+    layer_ids = arming.parse_layers(layers)
     hc = common.pick_host(common.inventory(inventory), host, "capture")
 
     def pruned_one(ident: str, why: str) -> None:
         common.err.print(f"[dim]pruned capture {ident} ({escape(why)})[/]", soft_wrap=True)
 
-    def armed(request: dict[str, Any]) -> cap.Progress:
+    def armed(request: dict[str, Any]) -> arming.Progress:
         common.err.print(
             f"[dim]armed capture {request['id']} on {hc.name}: layers {list(layer_ids)}, {steps} step(s), "
             f"<= {max_mb:g} MB ({_mb(request['max_bytes'])} per TP rank), expires in {ttl:g}s[/]",
@@ -128,7 +129,7 @@ def capture(
         )
         return _Progress(hc, request["id"])
 
-    run = cap.take_capture(
+    run = arming.take_capture(
         hc,
         layers=layer_ids,
         steps=steps,
@@ -140,12 +141,12 @@ def capture(
         on_armed=armed,
     )
     result, pruned, elapsed = run.result, run.pruned, run.elapsed_s
-    problem = cap.outcome_problem(result, hc.service.tp)
+    problem = arming.outcome_problem(result, hc.service.tp)
     if json_out:
         common.emit_json(
             {
                 "host": hc.name,
-                "directory": f"{cap.capture_dir(hc)}/{result.id}",
+                "directory": f"{capture_dir(hc)}/{result.id}",
                 "elapsed_s": round(elapsed, 2),
                 "pruned": [{"id": i, "why": w} for i, w in pruned],
                 **result.to_json(time.time()),
@@ -157,14 +158,14 @@ def capture(
         reasons = ", ".join(f"TP{d.tp} {d.reason}" for d in sorted(result.done.values(), key=lambda d: d.tp))
         common.out.print(
             f"{hc.name}: capture {result.id}: {len(result.calls)} call(s), {_mb(result.bytes)} in "
-            f"{cap.capture_dir(hc)}/{result.id} (release {', '.join(result.releases) or '?'}; {reasons}) "
+            f"{capture_dir(hc)}/{result.id} (release {', '.join(result.releases) or '?'}; {reasons}) "
             f"[{elapsed:.1f}s]",
             soft_wrap=True,
         )
     if problem and json_out:
-        raise typer.Exit(cap.CaptureFailed.exit_code)  # the JSON above says why
+        raise typer.Exit(CaptureFailed.exit_code)  # the JSON above says why
     if problem:
-        raise cap.CaptureFailed(f"{hc.name}: {problem}")
+        raise CaptureFailed(f"{hc.name}: {problem}")
 
 
 @app.command()
@@ -175,18 +176,20 @@ def captures(
         bool, typer.Option("--prune", help="Remove old captures (see --keep, --keep-mb, --max-age-days).")
     ] = False,
     keep: Annotated[
-        int | None, typer.Option("--keep", min=0, help=f"Captures to keep (default {cap.DEFAULT_KEEP}).")
+        int | None, typer.Option("--keep", min=0, help=f"Captures to keep (default {pruning.DEFAULT_KEEP}).")
     ] = None,
     keep_mb: Annotated[
         float | None,
-        typer.Option("--keep-mb", parser=common.finite(0), help=f"MB to keep in all (default {cap.DEFAULT_KEEP_MB})."),
+        typer.Option(
+            "--keep-mb", parser=common.finite(0), help=f"MB to keep in all (default {pruning.DEFAULT_KEEP_MB})."
+        ),
     ] = None,
     max_age_days: Annotated[
         float | None,
         typer.Option(
             "--max-age-days",
             parser=common.finite(0),
-            help=f"Older captures go (default {cap.DEFAULT_MAX_AGE_S // 86400}).",
+            help=f"Older captures go (default {pruning.DEFAULT_MAX_AGE_S // 86400}).",
         ),
     ] = None,
     disarm: Annotated[
@@ -199,7 +202,7 @@ def captures(
     --prune remove old ones (and an expired request), with --disarm the request."""
     hc = common.pick_host(common.inventory(inventory), host, "captures")
     limits = _limits(keep, keep_mb, max_age_days)
-    run = cap.list_captures(hc, limits if prune else None, disarm=disarm)
+    run = pruning.list_captures(hc, limits if prune else None, disarm=disarm)
     listing, doomed, removed = run.listing, run.pruned, run.removed_request
     gone = {ident for ident, _ in doomed}
     remaining = [s for s in listing.sets if s.id not in gone]
@@ -225,7 +228,7 @@ def captures(
         style = "yellow" if request.state == "armed" else "red"
         common.out.print(f"[{style}]{hc.name}: {escape(request.text())}[/] ({hint})", soft_wrap=True)
     if not remaining:
-        common.out.print(f"{hc.name}: no captures in {listing.directory or cap.capture_dir(hc)}")
+        common.out.print(f"{hc.name}: no captures in {listing.directory or capture_dir(hc)}")
         return
     table = Table(title=f"{hc.name}: {listing.directory}", title_justify="left")
     for col in ("capture", "age", "release", "TP ranks done", "calls", "layers", "size", "state"):
@@ -240,7 +243,7 @@ def captures(
             state += f" ({s.partial} writing)"
         table.add_row(
             s.id,
-            cap.age_text(s.age_s(listing.now)),
+            duration_text(s.age_s(listing.now)),
             escape(", ".join(s.releases) or "?"),
             f"{len(s.done)}/{hc.service.tp}",
             str(len(s.calls)),
@@ -256,7 +259,7 @@ def parity_replay(host_name: str | None, release: str, json_out: bool, inventory
     deploy, nothing switched) and judge the lines with the gate's rules. Exit 0 on PASS, 31 otherwise."""
     host = common.pick_host(common.inventory(inventory), host_name, "parity replay")
     token = new_parity_token()
-    run = cap.replay_release(host, release, token)
+    run = capture_replay.replay_release(host, release, token)
     release_id, result, elapsed = run.release, run.judgement, run.elapsed_s
     if json_out:
         common.emit_json({"host": host.name, "release": release_id, "elapsed_s": round(elapsed, 2), **result.to_json()})
@@ -281,7 +284,7 @@ def parity_replay(host_name: str | None, release: str, json_out: bool, inventory
         )
     if result.verdict is not Verdict.PASS:
         if json_out:  # the JSON above has the verdict and the reason
-            raise typer.Exit(cap.CaptureFailed.exit_code if result.verdict is Verdict.ERROR else GateFailed.exit_code)
+            raise typer.Exit(CaptureFailed.exit_code if result.verdict is Verdict.ERROR else GateFailed.exit_code)
         if result.verdict is Verdict.ERROR:
-            raise cap.CaptureFailed(f"{host.name}: {result.reason}")
+            raise CaptureFailed(f"{host.name}: {result.reason}")
         raise GateFailed(f"{host.name}: parity replay of {release_id} {result.verdict}: {result.reason}")

@@ -7,7 +7,7 @@ import time
 
 from kdtree_backend.wire import REPLAY_EXIT_PARITY_FAILED
 
-from ..captures import workflow as captures
+from ..captures import capture_replay as captures
 from ..errors import DeployFailed, GateFailed
 from ..gate.decision import GateState, LineVerdict, Verdict
 from ..gate.lines import ParityLine

@@ -1,4 +1,4 @@
-"""opsctl/captures.py without SSH: the request document (read back by the backend's own parser), the listing
+"""opsctl/captures/ without SSH: the request document (read back by the backend's own parser), the listing
 script (run here with python3 on captures the backend really wrote), the prune plan, the remote command lines
 (replay_command run here through bash against a release-like tree) and the judgement of the replay's output."""
 
@@ -12,9 +12,20 @@ import time
 from pathlib import Path
 
 import pytest
+from kdtree_backend.wire import CAPTURE_ID_RE
 
-from opsctl.captures import workflow as cap
+from opsctl.captures import arming, capture_replay, pruning
 from opsctl.captures.capturedir import LIST_SCRIPT
+from opsctl.captures.listing import (
+    CallInfo,
+    CaptureFailed,
+    CaptureSet,
+    Listing,
+    RankDone,
+    RequestState,
+    list_command,
+    parse_listing,
+)
 from opsctl.errors import UsageError
 from opsctl.gate.decision import Verdict
 from opsctl.inventory import HostConfig
@@ -35,21 +46,23 @@ def host(tp: int = 2, root: str = "/root/kdtree-engine", python: str = "/usr/bin
 
 
 def test_parse_layers() -> None:
-    assert cap.parse_layers("60, 0,30,0") == (0, 30, 60)
+    assert arming.parse_layers("60, 0,30,0") == (0, 30, 60)
     for bad in ("", "a,b", "-1", ",,"):
         with pytest.raises(UsageError, match="--layers"):
-            cap.parse_layers(bad)
+            arming.parse_layers(bad)
 
 
 def test_capture_ids_are_utc_stamps_the_backend_accepts() -> None:
-    ident = cap.new_capture_id(dt.datetime(2026, 6, 1, 14, 0, 5, tzinfo=dt.timezone(dt.timedelta(hours=2))), "a1b2c3")
+    ident = arming.new_capture_id(
+        dt.datetime(2026, 6, 1, 14, 0, 5, tzinfo=dt.timezone(dt.timedelta(hours=2))), "a1b2c3"
+    )
     assert ident == "c20260601T120005Z-a1b2c3"
-    assert cap.ID_RE.fullmatch(cap.new_capture_id())
+    assert CAPTURE_ID_RE.fullmatch(arming.new_capture_id())
 
 
 def test_request_doc_splits_the_budget_over_ranks_and_the_backend_parses_it() -> None:
     parse_request = pytest.importorskip("kdtree_backend.capture").parse_request
-    doc = cap.request_doc(
+    doc = arming.request_doc(
         capture_id="c20260601T120005Z-a1b2c3", layers=[30, 0], steps=3, max_mb=64, tp=8, host_now=1000.0, ttl_s=60
     )
     assert doc["max_bytes"] == 8 * 2**20 and doc["expires_at"] == 1060.0 and doc["layers"] == [0, 30]
@@ -71,7 +84,7 @@ def test_request_doc_refuses_bad_values(over: dict[str, float], match: str) -> N
         **over,
     }
     with pytest.raises(UsageError, match=match):
-        cap.request_doc(**args)  # type: ignore[arg-type]
+        arming.request_doc(**args)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------- listing
@@ -106,9 +119,9 @@ def stored_capture(directory: Path, capture_id: str, *, steps: int = 1, tp: int 
     capturer.drain()
 
 
-def run_listing(directory: Path) -> cap.Listing:
+def run_listing(directory: Path) -> Listing:
     res = subprocess.run(["python3", "-c", LIST_SCRIPT, str(directory)], capture_output=True, text=True, check=True)
-    return cap.parse_listing(res.stdout)
+    return parse_listing(res.stdout)
 
 
 def test_the_listing_script_reports_what_the_backend_stored(tmp_path: Path) -> None:
@@ -135,91 +148,89 @@ def test_listing_of_a_host_that_never_captured_is_empty(tmp_path: Path) -> None:
 
 
 def test_parse_listing_refuses_garbage_and_skips_bad_entries() -> None:
-    with pytest.raises(cap.CaptureFailed, match="not JSON"):
-        cap.parse_listing("Traceback (most recent call last):")
-    listing = cap.parse_listing(
-        json.dumps({"now": 5, "captures": [{"id": "../x"}, {"id": "c20260601T120005Z-a1b2c3"}]})
-    )
+    with pytest.raises(CaptureFailed, match="not JSON"):
+        parse_listing("Traceback (most recent call last):")
+    listing = parse_listing(json.dumps({"now": 5, "captures": [{"id": "../x"}, {"id": "c20260601T120005Z-a1b2c3"}]}))
     assert [s.id for s in listing.sets] == ["c20260601T120005Z-a1b2c3"]
 
 
 def test_an_expired_request_is_not_armed() -> None:
-    listing = cap.Listing(
-        now=100.0, directory="/d", request={"id": "c20260601T120005Z-a1b2c3", "expires_at": 99}, sets=[]
-    )
+    listing = Listing(now=100.0, directory="/d", request={"id": "c20260601T120005Z-a1b2c3", "expires_at": 99}, sets=[])
     assert listing.armed_id is None
 
 
 def test_the_request_file_is_shown_whatever_it_holds() -> None:
-    def state(request: object) -> cap.RequestState | None:
-        return cap.Listing(now=100.0, directory="/d", request=request, sets=[]).request_state  # type: ignore[arg-type]
+    def state(request: object) -> RequestState | None:
+        return Listing(now=100.0, directory="/d", request=request, sets=[]).request_state  # type: ignore[arg-type]
 
     armed = state({"id": "c20260601T120005Z-a1b2c3", "expires_at": 700})
-    assert armed == cap.RequestState("c20260601T120005Z-a1b2c3", "armed", 600.0)
+    assert armed == RequestState("c20260601T120005Z-a1b2c3", "armed", 600.0)
     assert armed.text() == "capture c20260601T120005Z-a1b2c3 is armed (expires in 10m)"
     expired = state({"id": "c20260601T120005Z-a1b2c3", "expires_at": 40})
     assert expired is not None and expired.state == "expired" and "expired 60s ago" in expired.text()
-    assert state({"garbage": 1}) == cap.RequestState(None, "unreadable", None)
+    assert state({"garbage": 1}) == RequestState(None, "unreadable", None)
     assert state(None) is None
 
 
 def test_prune_removes_a_dead_request_and_disarm_any() -> None:
-    def listing(expires_at: float) -> cap.Listing:
-        return cap.Listing(
+    def listing(expires_at: float) -> Listing:
+        return Listing(
             now=100.0, directory="/d", request={"id": "c20260601T120005Z-a1b2c3", "expires_at": expires_at}, sets=[]
         )
 
-    assert cap.request_to_remove(listing(40), prune=True, disarm=False) is not None  # expired: --prune clears it
-    assert cap.request_to_remove(listing(700), prune=True, disarm=False) is None  # armed: a capture under way
-    assert cap.request_to_remove(listing(700), prune=False, disarm=True) is not None
-    assert cap.request_to_remove(listing(40), prune=False, disarm=False) is None
-    empty = cap.Listing(now=100.0, directory="/d", request=None, sets=[])
-    assert cap.request_to_remove(empty, prune=True, disarm=True) is None
+    assert pruning.request_to_remove(listing(40), prune=True, disarm=False) is not None  # expired: --prune clears it
+    assert pruning.request_to_remove(listing(700), prune=True, disarm=False) is None  # armed: a capture under way
+    assert pruning.request_to_remove(listing(700), prune=False, disarm=True) is not None
+    assert pruning.request_to_remove(listing(40), prune=False, disarm=False) is None
+    empty = Listing(now=100.0, directory="/d", request=None, sets=[])
+    assert pruning.request_to_remove(empty, prune=True, disarm=True) is None
 
 
 def test_arming_is_refused_where_no_managed_unit_runs() -> None:
     h = host()
-    virgin = cap.arm_refusal(h, managed=False, current=None, active_state="inactive")
+    virgin = arming.arm_refusal(h, managed=False, current=None, active_state="inactive")
     assert virgin is not None and "no release deployed by opsctl" in virgin and "opsctl deploy" in virgin
-    stopped = cap.arm_refusal(h, managed=True, current="r0123456789ab", active_state="failed")
+    stopped = arming.arm_refusal(h, managed=True, current="r0123456789ab", active_state="failed")
     assert stopped is not None and "is failed, not running" in stopped
-    assert cap.arm_refusal(h, managed=True, current="r0123456789ab", active_state="active") is None
+    assert arming.arm_refusal(h, managed=True, current="r0123456789ab", active_state="active") is None
 
 
 # ---------------------------------------------------------------------------------------------- prune
 
 
-def capture_set(day: int, mb: float, ident_suffix: str = "000000") -> cap.CaptureSet:
-    return cap.CaptureSet(id=f"c202606{day:02d}T000000Z-{ident_suffix}", mtime=0.0, bytes=int(mb * 2**20))
+def capture_set(day: int, mb: float, ident_suffix: str = "000000") -> CaptureSet:
+    return CaptureSet(id=f"c202606{day:02d}T000000Z-{ident_suffix}", mtime=0.0, bytes=int(mb * 2**20))
 
 
 def test_prune_plan_by_age_count_and_size_keeps_the_armed_one() -> None:
     now = dt.datetime(2026, 6, 20, tzinfo=dt.UTC).timestamp()
     sets = [capture_set(1, 1), capture_set(15, 10), capture_set(16, 10), capture_set(17, 10), capture_set(19, 10)]
-    listing = cap.Listing(now=now, directory="/d", request=None, sets=sets)
-    limits = cap.PruneLimits(keep=3, max_bytes=25 * 2**20, max_age_s=7 * 86400)
-    plan = cap.prune_plan(listing, limits)
+    listing = Listing(now=now, directory="/d", request=None, sets=sets)
+    limits = pruning.PruneLimits(keep=3, max_bytes=25 * 2**20, max_age_s=7 * 86400)
+    plan = pruning.prune_plan(listing, limits)
     assert plan == [
         ("c20260601T000000Z-000000", "older than 7.0d (19.0d)"),
         ("c20260615T000000Z-000000", "over 25 MB in all"),
         ("c20260616T000000Z-000000", "over 25 MB in all"),
     ]
-    armed = cap.Listing(now=now, directory="/d", request={"id": sets[0].id, "expires_at": now + 60}, sets=sets)
-    assert sets[0].id not in [i for i, _ in cap.prune_plan(armed, limits)]
-    assert [i for i, _ in cap.prune_plan(listing, cap.PruneLimits(keep=1, max_age_s=1e9))] == [s.id for s in sets[:4]]
+    armed = Listing(now=now, directory="/d", request={"id": sets[0].id, "expires_at": now + 60}, sets=sets)
+    assert sets[0].id not in [i for i, _ in pruning.prune_plan(armed, limits)]
+    assert [i for i, _ in pruning.prune_plan(listing, pruning.PruneLimits(keep=1, max_age_s=1e9))] == [
+        s.id for s in sets[:4]
+    ]
 
 
 def test_prune_command_quotes_paths_and_refuses_what_is_not_a_capture() -> None:
     h = host(root="/srv/my root")
-    cmd = cap.prune_command(h, ["c20260601T120005Z-a1b2c3"])
+    cmd = pruning.prune_command(h, ["c20260601T120005Z-a1b2c3"])
     assert shlex.split(cmd) == ["rm", "-rf", "--", "/srv/my root/state/capture/c20260601T120005Z-a1b2c3"]
     with pytest.raises(UsageError, match="not a capture id"):
-        cap.prune_command(h, ["../../etc"])
-    assert cap.prune_command(h, []) == "true"
+        pruning.prune_command(h, ["../../etc"])
+    assert pruning.prune_command(h, []) == "true"
 
 
 def test_list_command_quotes_the_directory() -> None:
-    argv = shlex.split(cap.list_command(host(root="/srv/a b;rm -rf /")))
+    argv = shlex.split(list_command(host(root="/srv/a b;rm -rf /")))
     assert argv[0] == "/usr/bin/python3" and argv[1] == "-c" and argv[3] == "/srv/a b;rm -rf //state/capture"
 
 
@@ -228,7 +239,7 @@ def test_list_command_quotes_the_directory() -> None:
 
 def test_replay_command_is_quoted_and_refuses_a_bad_token() -> None:
     h = host(root="/srv/x y")
-    cmd = cap.replay_command(h, "/srv/x y/releases/r0123456789ab/", TOKEN)
+    cmd = capture_replay.replay_command(h, "/srv/x y/releases/r0123456789ab/", TOKEN)
     argv = shlex.split(cmd.command)
     assert argv[:3] == ["cd", "/srv/x y/releases/r0123456789ab", "&&"]
     assert TOKEN not in cmd.command and cmd.stdin == TOKEN + "\n" and TOKEN not in repr(cmd)
@@ -243,7 +254,7 @@ def test_replay_command_is_quoted_and_refuses_a_bad_token() -> None:
         "0.05",
     ]
     with pytest.raises(UsageError, match="token"):
-        cap.replay_command(h, "/r", "bad token; rm -rf /")
+        capture_replay.replay_command(h, "/r", "bad token; rm -rf /")
 
 
 def test_replay_command_runs_and_its_output_is_judged_pass(tmp_path: Path) -> None:
@@ -257,10 +268,10 @@ def test_replay_command_runs_and_its_output_is_judged_pass(tmp_path: Path) -> No
         (release / part).symlink_to(REPO / part)
     stored_capture(root / "state" / "capture", "c20260601T120005Z-a1b2c3", steps=2, tp=1)
     h = host(tp=2, root=str(root), python=sys.executable)
-    cmd = cap.replay_command(h, str(release), TOKEN)
+    cmd = capture_replay.replay_command(h, str(release), TOKEN)
     res = subprocess.run(["bash", "-c", cmd.command], input=cmd.stdin, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    judged = cap.judge_replay(res.stdout, res.returncode, h, TOKEN, res.stderr)
+    judged = capture_replay.judge_replay(res.stdout, res.returncode, h, TOKEN, res.stderr)
     assert judged.verdict is Verdict.PASS and judged.calls == 2, judged.reason
     assert [j.line.rank for j in judged.judgements if j.line] == [1, 1]
     assert judged.to_json()["lines"][0]["capture"] == "c20260601T120005Z-a1b2c3/tp1-L0-s0"
@@ -289,18 +300,18 @@ def summary(calls: int, damaged: int = 0) -> str:
     ],
 )
 def test_judge_replay(stdout: list[str], rc: int, stderr: str, verdict: Verdict, reason: str) -> None:
-    judged = cap.judge_replay("\n".join(stdout), rc, host(tp=2), TOKEN, stderr)
+    judged = capture_replay.judge_replay("\n".join(stdout), rc, host(tp=2), TOKEN, stderr)
     assert judged.verdict is verdict and reason in judged.reason, judged.reason
     assert TOKEN not in judged.reason  # a reason is printed and recorded: the replay's token stays out of it
 
 
 def test_outcome_problem_says_what_to_do() -> None:
-    s = cap.CaptureSet(id="c20260601T120005Z-a1b2c3", mtime=0, bytes=0)
-    s.done[0] = cap.RankDone(0, 0, 0, 0, "max_bytes", "r", 0.0, needed=3 * 2**20)
-    assert "raise --max-mb above 24" in (cap.outcome_problem(s, 8) or "")
-    s.done[0] = cap.RankDone(0, 0, 0, 1, "layers_not_in_graph", "r", 0.0)
-    assert "pick --layers among them" in (cap.outcome_problem(s, 8) or "")
-    s.done[0] = cap.RankDone(0, 0, 0, 1, "graph_capture_off", "r", 0.0)
-    assert "capture.in_graphs false" in (cap.outcome_problem(s, 8) or "")
-    s.calls.append(cap.CallInfo("tp0-L0-s0", 0, 0, 0, 10, "r", 0.0))
-    assert cap.outcome_problem(s, 8) is None
+    s = CaptureSet(id="c20260601T120005Z-a1b2c3", mtime=0, bytes=0)
+    s.done[0] = RankDone(0, 0, 0, 0, "max_bytes", "r", 0.0, needed=3 * 2**20)
+    assert "raise --max-mb above 24" in (arming.outcome_problem(s, 8) or "")
+    s.done[0] = RankDone(0, 0, 0, 1, "layers_not_in_graph", "r", 0.0)
+    assert "pick --layers among them" in (arming.outcome_problem(s, 8) or "")
+    s.done[0] = RankDone(0, 0, 0, 1, "graph_capture_off", "r", 0.0)
+    assert "capture.in_graphs false" in (arming.outcome_problem(s, 8) or "")
+    s.calls.append(CallInfo("tp0-L0-s0", 0, 0, 0, 10, "r", 0.0))
+    assert arming.outcome_problem(s, 8) is None
