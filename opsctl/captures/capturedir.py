@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable
+from functools import cache
+from importlib import resources
 
 from kdtree_backend.wire import CAPTURE_ID_RE
 
@@ -12,51 +14,6 @@ from ..errors import UsageError
 CAPTURE_SUBDIR = "state/capture"
 REQUEST_FILE = "request.json"
 HOST_CLOCK_COMMAND = "date +%s"
-
-# Runs on the host with its python3 (no torch needed): what is stored, as JSON. argv[1] = the capture directory.
-LIST_SCRIPT = r"""
-import json, os, re, sys, time
-root = sys.argv[1]
-out = {"now": time.time(), "dir": root, "request": None, "captures": []}
-def load(p):
-    try:
-        with open(p) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-if os.path.isdir(root):
-    out["request"] = load(os.path.join(root, "request.json"))
-    for name in sorted(os.listdir(root)):
-        d = os.path.join(root, name)
-        if not re.fullmatch(r"c\d{8}T\d{6}Z-[0-9a-f]{6}", name) or not os.path.isdir(d) or os.path.islink(d):
-            continue
-        entry = {"id": name, "mtime": os.lstat(d).st_mtime, "bytes": 0, "calls": [], "done": [], "partial": 0}
-        for sub, dirs, files in os.walk(d):
-            for f in files:
-                try:
-                    entry["bytes"] += os.lstat(os.path.join(sub, f)).st_size
-                except OSError:
-                    pass
-        for child in sorted(os.listdir(d)):
-            p = os.path.join(d, child)
-            if child.startswith("."):
-                entry["partial"] += 1
-            elif child.endswith(".done.json"):
-                doc = load(p)
-                if isinstance(doc, dict):
-                    entry["done"].append(doc)
-            elif os.path.isdir(p):
-                m = load(os.path.join(p, "manifest.json"))
-                if isinstance(m, dict):
-                    keys = ("tp", "layer", "step", "release", "bytes", "captured_at", "bs", "q_len", "heads")
-                    call = {k: m.get(k) for k in keys}
-                    call["name"] = child
-                    entry["calls"].append(call)
-                else:
-                    entry["partial"] += 1
-        out["captures"].append(entry)
-print(json.dumps(out))
-"""
 
 
 def capture_dir(root: str) -> str:
@@ -70,9 +27,19 @@ def check_capture_id(capture_id: str, refusal: str | None = None) -> str:
     return capture_id
 
 
+@cache
+def listing_program_text() -> str:
+    """The listing program run on the host (:mod:`opsctl.captures.listing_on_host`), as shipped: the installed
+    module's own file. It goes on the command's stdin."""
+    return resources.files("opsctl.captures").joinpath("listing_on_host.py").read_text(encoding="utf-8")
+
+
 def list_command(python: str, directory: str) -> str:
-    """What is stored under ``directory``, as one JSON document (:data:`LIST_SCRIPT`)."""
-    return f"{shlex.quote(python)} -c {shlex.quote(LIST_SCRIPT)} {shlex.quote(directory)}"
+    """What is stored under ``directory``, as one JSON document; run it with :func:`listing_program_text` on its
+    stdin. The capture-id pattern and the request file's name are handed over as arguments: the program on the
+    host cannot import them."""
+    argv = [python, "-", directory, CAPTURE_ID_RE.pattern, REQUEST_FILE]
+    return shlex.join(argv)
 
 
 def prepare_dir_command(directory: str) -> str:

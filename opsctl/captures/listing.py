@@ -222,7 +222,8 @@ def parse_listing(text: str) -> Listing:
 
 
 def list_command(host: HostConfig) -> str:
-    """The remote command that prints what is stored in ``host``'s capture directory."""
+    """The remote command that prints what is stored in ``host``'s capture directory (the program on its stdin:
+    :func:`opsctl.captures.capturedir.listing_program_text`)."""
     return capturedir.list_command(host.service.python, capture_dir(host))
 
 
@@ -240,5 +241,5 @@ def duration_text(seconds: float) -> str:
 
 def read_listing(r: Remote, host: HostConfig) -> Listing:
     """What is stored on the host now (one remote command)."""
-    res = r.run(list_command(host), timeout=120)
+    res = r.run(list_command(host), stdin=capturedir.listing_program_text(), timeout=120)
     return parse_listing(res.stdout)

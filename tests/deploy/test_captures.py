@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 from kdtree_backend.wire import CAPTURE_ID_RE
 
-from opsctl.captures import arming, capture_replay, pruning
-from opsctl.captures.capturedir import LIST_SCRIPT
+from opsctl.captures import arming, capture_replay, capturedir, pruning
 from opsctl.captures.listing import (
     CallInfo,
     CaptureFailed,
@@ -120,7 +119,10 @@ def stored_capture(directory: Path, capture_id: str, *, steps: int = 1, tp: int 
 
 
 def run_listing(directory: Path) -> Listing:
-    res = subprocess.run(["python3", "-c", LIST_SCRIPT, str(directory)], capture_output=True, text=True, check=True)
+    command = capturedir.list_command("python3", str(directory))
+    res = subprocess.run(
+        ["sh", "-c", command], input=capturedir.listing_program_text(), capture_output=True, text=True, check=True
+    )
     return parse_listing(res.stdout)
 
 
@@ -231,7 +233,7 @@ def test_prune_command_quotes_paths_and_refuses_what_is_not_a_capture() -> None:
 
 def test_list_command_quotes_the_directory() -> None:
     argv = shlex.split(list_command(host(root="/srv/a b;rm -rf /")))
-    assert argv[0] == "/usr/bin/python3" and argv[1] == "-c" and argv[3] == "/srv/a b;rm -rf //state/capture"
+    assert argv[:3] == ["/usr/bin/python3", "-", "/srv/a b;rm -rf //state/capture"]
 
 
 # ---------------------------------------------------------------------------------------------- replay
