@@ -162,61 +162,75 @@ def _num(doc: Mapping[str, Any], key: str, default: float = 0) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else float(default)
 
 
-def parse_listing(text: str) -> Listing:
-    """The listing script's JSON -> :class:`Listing`. Garbled entries are skipped; garbled JSON is an error."""
+def _int_or_none(doc: Mapping[str, Any], key: str) -> int | None:
+    value = doc.get(key)
+    return int(value) if isinstance(value, int) else None
+
+
+def _call_info(c: Mapping[str, Any]) -> CallInfo:
+    """One stored call (the manifest's keys the listing program passes on)."""
+    return CallInfo(
+        name=str(c.get("name")),
+        tp=int(_num(c, "tp")),
+        layer=int(_num(c, "layer")),
+        step=int(_num(c, "step")),
+        bytes=int(_num(c, "bytes")),
+        release=str(c.get("release") or "?"),
+        captured_at=_num(c, "captured_at"),
+        bs=_int_or_none(c, "bs"),
+    )
+
+
+def _rank_done(d: Mapping[str, Any]) -> RankDone:
+    """One rank's finish document (``tp<N>.done.json``, written by the backend); ``d["tp"]`` is an int."""
+    return RankDone(
+        tp=d["tp"],
+        calls=int(_num(d, "calls")),
+        bytes=int(_num(d, "bytes")),
+        steps=int(_num(d, "steps")),
+        reason=str(d.get("reason") or "?"),
+        release=str(d.get("release") or "?"),
+        finished_at=_num(d, "finished_at"),
+        needed=_int_or_none(d, "needed"),
+        error=str(d["error"]) if d.get("error") else None,
+    )
+
+
+def _capture_set(entry: object) -> CaptureSet | None:
+    """One capture of the listing; None for an entry that is not one (no id, or not a capture id). Calls and
+    finish documents that are not objects are skipped; a rank's later document wins over an earlier one."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not CAPTURE_ID_RE.fullmatch(entry["id"]):
+        return None
+    calls = [_call_info(c) for c in entry.get("calls") or [] if isinstance(c, dict)]
+    done = {
+        d["tp"]: _rank_done(d) for d in entry.get("done") or [] if isinstance(d, dict) and isinstance(d.get("tp"), int)
+    }
+    return CaptureSet(
+        id=entry["id"],
+        mtime=_num(entry, "mtime"),
+        bytes=int(_num(entry, "bytes")),
+        calls=sorted(calls, key=lambda c: (c.tp, c.layer, c.step)),
+        done=done,
+        partial=int(_num(entry, "partial")),
+    )
+
+
+def _listing_document(text: str) -> dict[str, Any]:
+    """The listing program's output as a JSON object; :class:`CaptureFailed` when it is not one (a traceback,
+    a python3 that did not run)."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CaptureFailed(f"the capture listing from the host is not JSON ({exc}): {text.strip()[:200]}") from None
     if not isinstance(doc, dict):
         raise CaptureFailed("the capture listing from the host is not a JSON object")
-    sets = []
-    for entry in doc.get("captures") or []:
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("id"), str)
-            or not CAPTURE_ID_RE.fullmatch(entry["id"])
-        ):
-            continue
-        calls = [
-            CallInfo(
-                name=str(c.get("name")),
-                tp=int(_num(c, "tp")),
-                layer=int(_num(c, "layer")),
-                step=int(_num(c, "step")),
-                bytes=int(_num(c, "bytes")),
-                release=str(c.get("release") or "?"),
-                captured_at=_num(c, "captured_at"),
-                bs=int(c["bs"]) if isinstance(c.get("bs"), int) else None,
-            )
-            for c in entry.get("calls") or []
-            if isinstance(c, dict)
-        ]
-        done: dict[int, RankDone] = {}
-        for d in entry.get("done") or []:
-            if not isinstance(d, dict) or not isinstance(d.get("tp"), int):
-                continue
-            done[d["tp"]] = RankDone(
-                tp=d["tp"],
-                calls=int(_num(d, "calls")),
-                bytes=int(_num(d, "bytes")),
-                steps=int(_num(d, "steps")),
-                reason=str(d.get("reason") or "?"),
-                release=str(d.get("release") or "?"),
-                finished_at=_num(d, "finished_at"),
-                needed=int(d["needed"]) if isinstance(d.get("needed"), int) else None,
-                error=str(d["error"]) if d.get("error") else None,
-            )
-        sets.append(
-            CaptureSet(
-                id=entry["id"],
-                mtime=_num(entry, "mtime"),
-                bytes=int(_num(entry, "bytes")),
-                calls=sorted(calls, key=lambda c: (c.tp, c.layer, c.step)),
-                done=done,
-                partial=int(_num(entry, "partial")),
-            )
-        )
+    return doc
+
+
+def parse_listing(text: str) -> Listing:
+    """The listing program's JSON -> :class:`Listing`. Garbled entries are skipped; garbled JSON is an error."""
+    doc = _listing_document(text)
+    sets = [s for s in map(_capture_set, doc.get("captures") or []) if s is not None]
     request = doc.get("request") if isinstance(doc.get("request"), dict) else None
     return Listing(now=_num(doc, "now", time.time()), directory=str(doc.get("dir") or ""), request=request, sets=sets)
 

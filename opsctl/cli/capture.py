@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..captures import arming, capture_replay, pruning
-from ..captures.listing import CaptureFailed, CaptureSet, capture_dir, duration_text
+from ..captures.listing import CaptureFailed, CaptureSet, Listing, RequestState, capture_dir, duration_text
 from ..errors import GateFailed
 from ..gate.decision import Verdict
 from ..host.releaseroot import new_parity_token
@@ -203,44 +203,67 @@ def captures(
     hc = common.pick_host(common.inventory(inventory), host, "captures")
     limits = _limits(keep, keep_mb, max_age_days)
     run = pruning.list_captures(hc, limits if prune else None, disarm=disarm)
-    listing, doomed, removed = run.listing, run.pruned, run.removed_request
-    gone = {ident for ident, _ in doomed}
+    listing, removed = run.listing, run.removed_request
+    gone = {ident for ident, _ in run.pruned}
     remaining = [s for s in listing.sets if s.id not in gone]
-    request = listing.request_state
     if json_out:
-        common.emit_json(
-            {
-                "host": hc.name,
-                "directory": listing.directory,
-                "armed": None if removed else listing.armed_id,
-                "request": None if request is None else {**request.to_json(), "removed": removed is not None},
-                "captures": [s.to_json(listing.now) for s in remaining],
-                "pruned": [{"id": i, "why": w} for i, w in doomed],
-            }
-        )
+        common.emit_json(_captures_json(hc, run, remaining))
         return
-    for ident, why in doomed:
+    for ident, why in run.pruned:
         common.out.print(f"pruned {ident} ({escape(why)})", soft_wrap=True)
-    if request is not None and removed is not None:
-        common.out.print(f"{hc.name}: removed the request file: {escape(request.text())}", soft_wrap=True)
-    elif request is not None:
-        hint = "--disarm removes it" if request.state == "armed" else "--prune removes it"
-        style = "yellow" if request.state == "armed" else "red"
-        common.out.print(f"[{style}]{hc.name}: {escape(request.text())}[/] ({hint})", soft_wrap=True)
+    _print_request(hc, listing.request_state, removed)
     if not remaining:
         common.out.print(f"{hc.name}: no captures in {listing.directory or capture_dir(hc)}")
         return
+    common.out.print(_captures_table(hc, listing, remaining, removed))
+
+
+def _captures_json(hc: HostConfig, run: pruning.ListRun, remaining: list[CaptureSet]) -> dict[str, Any]:
+    """``captures --json``: what is left on the host, what was pruned, and the request file (removed or not)."""
+    listing, removed = run.listing, run.removed_request
+    request = listing.request_state
+    return {
+        "host": hc.name,
+        "directory": listing.directory,
+        "armed": None if removed else listing.armed_id,
+        "request": None if request is None else {**request.to_json(), "removed": removed is not None},
+        "captures": [s.to_json(listing.now) for s in remaining],
+        "pruned": [{"id": i, "why": w} for i, w in run.pruned],
+    }
+
+
+def _print_request(hc: HostConfig, request: RequestState | None, removed: RequestState | None) -> None:
+    """The request file's line: removed now, or still there with the option that removes it."""
+    if request is None:
+        return
+    if removed is not None:
+        common.out.print(f"{hc.name}: removed the request file: {escape(request.text())}", soft_wrap=True)
+        return
+    hint = "--disarm removes it" if request.state == "armed" else "--prune removes it"
+    style = "yellow" if request.state == "armed" else "red"
+    common.out.print(f"[{style}]{hc.name}: {escape(request.text())}[/] ({hint})", soft_wrap=True)
+
+
+def _capture_state(s: CaptureSet, listing: Listing, removed: RequestState | None, tp: int) -> str:
+    """``armed`` (its request is still there), ``complete`` (every TP rank finished) or ``incomplete``, and
+    how many of its files are still being written."""
+    if s.id == listing.armed_id and removed is None:
+        state = "armed"
+    else:
+        state = "complete" if s.complete(tp) else "incomplete"
+    if s.partial:
+        state += f" ({s.partial} writing)"
+    return state
+
+
+def _captures_table(
+    hc: HostConfig, listing: Listing, remaining: list[CaptureSet], removed: RequestState | None
+) -> Table:
+    """The captures left on the host, newest first."""
     table = Table(title=f"{hc.name}: {listing.directory}", title_justify="left")
     for col in ("capture", "age", "release", "TP ranks done", "calls", "layers", "size", "state"):
         table.add_column(col)
     for s in sorted(remaining, key=lambda s: s.created, reverse=True):
-        state = (
-            "armed"
-            if s.id == listing.armed_id and removed is None
-            else ("complete" if s.complete(hc.service.tp) else "incomplete")
-        )
-        if s.partial:
-            state += f" ({s.partial} writing)"
         table.add_row(
             s.id,
             duration_text(s.age_s(listing.now)),
@@ -249,9 +272,9 @@ def captures(
             str(len(s.calls)),
             ",".join(str(x) for x in sorted({c.layer for c in s.calls})) or "-",
             _mb(s.bytes),
-            state,
+            _capture_state(s, listing, removed, hc.service.tp),
         )
-    common.out.print(table)
+    return table
 
 
 def parity_replay(host_name: str | None, release: str, json_out: bool, inventory: Any = None) -> None:

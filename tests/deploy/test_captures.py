@@ -317,3 +317,34 @@ def test_outcome_problem_says_what_to_do() -> None:
     assert "capture.in_graphs false" in (arming.outcome_problem(s, 8) or "")
     s.calls.append(CallInfo("tp0-L0-s0", 0, 0, 0, 10, "r", 0.0))
     assert arming.outcome_problem(s, 8) is None
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+
+
+def test_captures_cli_shows_what_is_left_and_the_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from opsctl.cli.main import main
+
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("hosts:\n  h1: {address: 127.0.0.1, gpu_arch: null, service: {tp: 2}}\n")
+    now = dt.datetime(2026, 6, 20, tzinfo=dt.UTC).timestamp()
+    armed, old = capture_set(19, 1, "a1b2c3"), capture_set(1, 1)
+    armed.partial = 1
+    found = Listing(
+        now=now, directory="/r/state/capture", request={"id": armed.id, "expires_at": now + 60}, sets=[old, armed]
+    )
+    run = pruning.ListRun(found, [(old.id, "older than 7.0d (19.0d)")], None)
+    monkeypatch.setattr(pruning, "list_captures", lambda host, limits, disarm=False: run)
+
+    assert main(["-i", str(inv), "captures", "h1", "--prune", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["armed"] == armed.id and [c["id"] for c in doc["captures"]] == [armed.id]
+    assert doc["pruned"] == [{"id": old.id, "why": "older than 7.0d (19.0d)"}]
+    assert doc["request"] == {"id": armed.id, "state": "armed", "expires_in_s": 60.0, "removed": False}
+
+    assert main(["-i", str(inv), "captures", "h1", "--prune"]) == 0
+    text = capsys.readouterr().out
+    assert f"pruned {old.id}" in text and "(--disarm removes it)" in text
+    assert "armed (1 writing)" in text and "0/2" in text
