@@ -78,7 +78,9 @@ def judge_replay(stdout: str, rc: int, host: HostConfig, token: str, stderr: str
     judgements = []
     calls = damaged = 0
     summary_seen = False
-    for message in stdout.splitlines():
+    # A line is what ends at \n, as for the gate's journal: str.splitlines() would also cut at \r, U+2028 and
+    # the like, and make two lines of one.
+    for message in stdout.split("\n"):
         m = SUMMARY_RE.match(message)
         if m:
             calls, damaged, summary_seen = int(m[1]), int(m[2]), True
@@ -86,7 +88,7 @@ def judge_replay(stdout: str, rc: int, host: HostConfig, token: str, stderr: str
         if j is not None:
             judgements.append(j)
     counted = state.lines
-    skipped = [line for line in stderr.splitlines() if "skipped:" in line]
+    skipped = [line for line in stderr.split("\n") if "skipped:" in line]
     if state.verdict is Verdict.FAIL:
         return ReplayJudgement(Verdict.FAIL, state.reason, judgements, calls, damaged, state)
     if rc == REPLAY_EXIT_PARITY_FAILED and damaged:
@@ -94,7 +96,7 @@ def judge_replay(stdout: str, rc: int, host: HostConfig, token: str, stderr: str
         return ReplayJudgement(Verdict.FAIL, f"capture replay: {why}", judgements, calls, damaged, state)
     if rc not in (REPLAY_EXIT_OK, REPLAY_EXIT_PARITY_FAILED) or not summary_seen:
         # The replay's lines carry the token: an error message quotes its output without it.
-        tail = " | ".join((stderr or stdout).strip().splitlines()[-3:]).replace(token, "<token>")
+        tail = " | ".join((stderr or stdout).strip().split("\n")[-3:]).replace(token, "<token>")
         return ReplayJudgement(
             Verdict.ERROR, f"capture replay could not run (exit {rc}): {tail}", judgements, calls, damaged, state
         )

@@ -296,7 +296,7 @@ def parity_replay(host_name: str | None, release: str, json_out: bool, inventory
                 f"[{STYLE.get(v, '')}]{v}[/] {where} {escape(capture_id)}: {escape(j.reason)} (vs running release {vs})",
                 soft_wrap=True,
             )
-        for line in run.stderr.splitlines():
+        for line in run.stderr.split("\n"):  # a line ends at \n only, as the judgement reads it
             if "skipped:" in line:
                 common.err.print(f"[red]{escape(line)}[/]", soft_wrap=True)
         v = str(result.verdict)

@@ -348,3 +348,12 @@ def test_captures_cli_shows_what_is_left_and_the_request(
     text = capsys.readouterr().out
     assert f"pruned {old.id}" in text and "(--disarm removes it)" in text
     assert "armed (1 writing)" in text and "0/2" in text
+
+
+def test_judge_replay_reads_a_line_as_what_ends_at_newline() -> None:
+    """A passing line glued to a forged one by U+2028 is one line, as the gate's journal reader sees it: not a
+    PASS line plus noise."""
+    glued = line(0.001) + "\u2028" + line(0.002)
+    judged = capture_replay.judge_replay("\n".join([glued, summary(1)]), 0, host(tp=2), TOKEN)
+    assert len(judged.judgements) == 1 and judged.verdict is not Verdict.PASS, judged.reason
+    assert judged.judgements[0].raw == glued
