@@ -318,7 +318,7 @@ def test_sigint_mid_deploy_releases_lock(tb2: HostConfig, good_tree: Path, good_
     script = (
         # A child of a background job starts with SIGINT ignored; give it Python's KeyboardInterrupt handler back.
         "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "import sys; from pathlib import Path; from opsctl import deploy as d; from opsctl.testbed import Testbed\n"
+        "import sys; from pathlib import Path; from opsctl import pipeline as d; from opsctl.testbed import Testbed\n"
         "h = Testbed().inventory().host('tb2')\n"
         "d.deploy(h, Path(sys.argv[1]), d.DeployOptions())\n"
     )
