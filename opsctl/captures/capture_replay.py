@@ -2,9 +2,9 @@
 (``python -m kdtree_backend.replay --captures``, built by :func:`opsctl.host.replay.capture_replay_command`), and
 its output judged by the gate's own parser and rules.
 
-The deploy's pre-restart check (``opsctl.pipeline.prerestart``) runs :func:`replay_command` in its session and
-judges with :func:`judge_replay`; ``opsctl parity replay`` runs it in its own session (:func:`replay_release`).
-:func:`judge_replay` is pure.
+The deploy's pre-restart check (``opsctl.pipeline.prerestart``) runs the command in its session and judges with
+:func:`judge_replay`; ``opsctl parity replay`` runs it in its own session (:func:`replay_release`).
+:func:`judge_replay` is pure and takes the gate's settings and the rank count, not a host.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from kdtree_backend.wire import REPLAY_EXIT_OK, REPLAY_EXIT_PARITY_FAILED
 from ..errors import UsageError
 from ..gate.decision import GateState, Judgement, LineVerdict, Verdict, judge
 from ..host import releaseroot
-from ..host.replay import ReleaseCommand, capture_replay_command
-from ..inventory import HostConfig
+from ..host.replay import capture_replay_command
+from ..inventory import GateSettings, HostConfig
 from ..release import ADOPTED_ID_RE
 from ..release import ID_RE as RELEASE_ID_RE
 from ..ssh.remote import Remote
@@ -28,17 +28,6 @@ from .listing import capture_dir
 
 SUMMARY_RE = re.compile(r"^kdtree-replay: captures=(\d+) damaged=(\d+)\b")
 REPLAY_TIMEOUT_S = 900.0
-
-
-def replay_command(host: HostConfig, release_dir: str, token: str) -> ReleaseCommand:
-    """The remote command (its line, and the token it reads from stdin) that replays every capture stored on ``host`` with the release in ``release_dir``
-    (its kernel on the host's GPU, or its reference path without one), printing one ``[kdtree]`` parity line per
-    stored call with ``token=<token>`` and ``capture=<id>/<call>``. Exit 0: every line's rel <= the host's
-    ``gate.fail_rel`` (or nothing stored: ``captures=0``); 3: a line at or over it, or a damaged capture; 2: usage.
-    Judge its stdout with :func:`judge_replay` (every line counts; ``tp=`` is the capturing rank)."""
-    return capture_replay_command(
-        host.service.python, release_dir, capture_dir(host), token, threshold=host.gate.fail_rel
-    )
 
 
 @dataclass
@@ -71,10 +60,12 @@ class ReplayJudgement:
         }
 
 
-def judge_replay(stdout: str, rc: int, host: HostConfig, token: str, stderr: str = "") -> ReplayJudgement:
+def judge_replay(
+    stdout: str, rc: int, settings: GateSettings, ranks: int, token: str, stderr: str = ""
+) -> ReplayJudgement:
     """The capture replay's verdict, by the gate's own parser and rules: every line is judged (no K-pass stop),
-    ranks are the host's ``service.tp``, only lines with ``token`` count. Pure."""
-    state = GateState.every_line(host.gate, expected_ranks=host.service.tp, token=token)
+    ``ranks`` are the capturing ranks (the host's ``service.tp``), only lines with ``token`` count. Pure."""
+    state = GateState.every_line(settings, expected_ranks=ranks, token=token)
     judgements = []
     calls = damaged = 0
     summary_seen = False
@@ -156,7 +147,9 @@ def replay_release(host: HostConfig, release: str, token: str) -> ReplayRun:
     with connect(host) as r:
         release_id, path = _release_dir(r, host, release)
         started = time.monotonic()
-        command = replay_command(host, path, token)
+        command = capture_replay_command(
+            host.service.python, path, capture_dir(host), token, threshold=host.gate.fail_rel
+        )
         res = r.run(command.command, stdin=command.stdin, check=False, timeout=REPLAY_TIMEOUT_S)
     elapsed = time.monotonic() - started
-    return ReplayRun(release_id, judge_replay(res.stdout, res.rc, host, token, res.stderr), res.stderr, elapsed)
+    return ReplayRun(release_id, judge_replay(res.stdout, res.rc, host.gate, host.service.tp, token, res.stderr), res.stderr, elapsed)

@@ -8,6 +8,7 @@ import time
 from kdtree_backend.wire import REPLAY_EXIT_PARITY_FAILED
 
 from ..captures import capture_replay as captures
+from ..captures.capturedir import capture_dir
 from ..errors import DeployFailed, GateFailed
 from ..gate.decision import GateState, LineVerdict, Verdict
 from ..gate.lines import ParityLine
@@ -35,7 +36,7 @@ def build(r: Remote, host: HostConfig, layout: Layout, release: str) -> str:
     res = r.run(cmd, timeout=host.build_timeout_s + 120, check=False)
     if res.rc == 0:
         return f"built for sm_{(host.gpu_arch or '').replace('.', '')}, log {rel}/build.log"
-    tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+    tail = (res.stderr or res.stdout).strip().split("\n")[-3:]
     if res.rc == BUILD_EXIT_NO_CUDA and host.gpu_arch is None:
         return "no CUDA on this host: the release runs the reference path"
     raise DeployFailed(f"extension build failed (exit {res.rc}; log {rel}/build.log): {' | '.join(tail)}")
@@ -54,7 +55,7 @@ def prerestart_parity(r: Remote, host: HostConfig, layout: Layout, release: str,
     )
     res = r.run(command.command, stdin=command.stdin, timeout=PARITY_TIMEOUT_S, check=False)
     state = GateState.every_line(host.gate, expected_ranks=1, token=token, deadline_s=PARITY_TIMEOUT_S)
-    for message in res.stdout.splitlines():
+    for message in res.stdout.split("\n"):
         feed_line(state, message, 0.0, reporter)
     state.conclude(0.0)
     worst = state.worst.rel if state.worst is not None else None
@@ -62,7 +63,7 @@ def prerestart_parity(r: Remote, host: HostConfig, layout: Layout, release: str,
         raise GateFailed(f"pre-restart parity {state.reason or f'worst rel {worst:.4g}'}")
     if res.rc == 0 and state.lines:
         return f"{state.lines} parity lines, worst rel {worst:.3g}; {captured}"
-    tail = command.redact(" | ".join((res.stderr or res.stdout).strip().splitlines()[-3:]))
+    tail = command.redact(" | ".join((res.stderr or res.stdout).strip().split("\n")[-3:]))
     raise DeployFailed(f"pre-restart parity could not run (exit {res.rc}, {state.lines} parity lines): {tail}")
 
 
@@ -100,9 +101,11 @@ def replay_captures(r: Remote, host: HostConfig, release_dir: str, reporter: Rep
     damaged one stops the deploy before the switch, as the synthetic check does. Returns the step's detail."""
     token = hs.new_parity_token()
     t = time.monotonic()
-    command = captures.replay_command(host, release_dir, token)
+    command = replay_commands.capture_replay_command(
+        host.service.python, release_dir, capture_dir(host.root), token, threshold=host.gate.fail_rel
+    )
     res = r.run(command.command, stdin=command.stdin, timeout=captures.REPLAY_TIMEOUT_S, check=False)
-    j = captures.judge_replay(res.stdout, res.rc, host, token, res.stderr)
+    j = captures.judge_replay(res.stdout, res.rc, host.gate, host.service.tp, token, res.stderr)
     for judgement in j.judgements:
         if judgement.line is not None and judgement.verdict is not LineVerdict.IGNORED:
             reporter.parity(judgement.line, str(judgement.verdict))

@@ -22,12 +22,14 @@ from opsctl.captures.listing import (
     Listing,
     RankDone,
     RequestState,
+    capture_dir,
     list_command,
     parse_listing,
 )
 from opsctl.errors import UsageError
 from opsctl.gate.decision import Verdict
-from opsctl.inventory import HostConfig
+from opsctl.host.replay import ReleaseCommand, capture_replay_command
+from opsctl.inventory import GateSettings, HostConfig
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "0123456789abcdef0123456789abcdef"
@@ -239,9 +241,14 @@ def test_list_command_quotes_the_directory() -> None:
 # ---------------------------------------------------------------------------------------------- replay
 
 
+def replay_command(h: HostConfig, release_dir: str, token: str) -> ReleaseCommand:
+    """The capture replay as the pre-restart check and `opsctl parity replay` build it from a host's settings."""
+    return capture_replay_command(h.service.python, release_dir, capture_dir(h), token, threshold=h.gate.fail_rel)
+
+
 def test_replay_command_is_quoted_and_refuses_a_bad_token() -> None:
     h = host(root="/srv/x y")
-    cmd = capture_replay.replay_command(h, "/srv/x y/releases/r0123456789ab/", TOKEN)
+    cmd = replay_command(h, "/srv/x y/releases/r0123456789ab/", TOKEN)
     argv = shlex.split(cmd.command)
     assert argv[:3] == ["cd", "/srv/x y/releases/r0123456789ab", "&&"]
     assert TOKEN not in cmd.command and cmd.stdin == TOKEN + "\n" and TOKEN not in repr(cmd)
@@ -256,7 +263,7 @@ def test_replay_command_is_quoted_and_refuses_a_bad_token() -> None:
         "0.05",
     ]
     with pytest.raises(UsageError, match="token"):
-        capture_replay.replay_command(h, "/r", "bad token; rm -rf /")
+        replay_command(h, "/r", "bad token; rm -rf /")
 
 
 def test_replay_command_runs_and_its_output_is_judged_pass(tmp_path: Path) -> None:
@@ -270,10 +277,10 @@ def test_replay_command_runs_and_its_output_is_judged_pass(tmp_path: Path) -> No
         (release / part).symlink_to(REPO / part)
     stored_capture(root / "state" / "capture", "c20260601T120005Z-a1b2c3", steps=2, tp=1)
     h = host(tp=2, root=str(root), python=sys.executable)
-    cmd = capture_replay.replay_command(h, str(release), TOKEN)
-    res = subprocess.run(["bash", "-c", cmd.command], input=cmd.stdin, capture_output=True, text=True)
+    cmd = replay_command(h, str(release), TOKEN)
+    res = subprocess.run(["sh", "-c", cmd.command], input=cmd.stdin, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    judged = capture_replay.judge_replay(res.stdout, res.returncode, h, TOKEN, res.stderr)
+    judged = capture_replay.judge_replay(res.stdout, res.returncode, h.gate, h.service.tp, TOKEN, res.stderr)
     assert judged.verdict is Verdict.PASS and judged.calls == 2, judged.reason
     assert [j.line.rank for j in judged.judgements if j.line] == [1, 1]
     assert judged.to_json()["lines"][0]["capture"] == "c20260601T120005Z-a1b2c3/tp1-L0-s0"
@@ -302,7 +309,7 @@ def summary(calls: int, damaged: int = 0) -> str:
     ],
 )
 def test_judge_replay(stdout: list[str], rc: int, stderr: str, verdict: Verdict, reason: str) -> None:
-    judged = capture_replay.judge_replay("\n".join(stdout), rc, host(tp=2), TOKEN, stderr)
+    judged = capture_replay.judge_replay("\n".join(stdout), rc, GateSettings(), 2, TOKEN, stderr)
     assert judged.verdict is verdict and reason in judged.reason, judged.reason
     assert TOKEN not in judged.reason  # a reason is printed and recorded: the replay's token stays out of it
 
@@ -354,6 +361,6 @@ def test_judge_replay_reads_a_line_as_what_ends_at_newline() -> None:
     """A passing line glued to a forged one by U+2028 is one line, as the gate's journal reader sees it: not a
     PASS line plus noise."""
     glued = line(0.001) + "\u2028" + line(0.002)
-    judged = capture_replay.judge_replay("\n".join([glued, summary(1)]), 0, host(tp=2), TOKEN)
+    judged = capture_replay.judge_replay("\n".join([glued, summary(1)]), 0, GateSettings(), 2, TOKEN)
     assert len(judged.judgements) == 1 and judged.verdict is not Verdict.PASS, judged.reason
     assert judged.judgements[0].raw == glued
