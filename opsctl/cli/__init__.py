@@ -1,6 +1,10 @@
-"""opsctl's command line: thin over the library (options, rendering, the error boundary), one module a group of
-commands (``hosts``, ``deploy``, ``health``, ``parity``, ``capture``, ``bundle``, ``testbed``), composed in
-``main.py``; ``common.py`` holds the shared options and output, ``render.py`` the tables and texts of results."""
+"""opsctl's command line: thin over the library (options, rendering, the error boundary), one module a command or
+a group of commands (``hosts``, ``deploy``, ``restart`` (restart, rollback), ``adopt``, ``service``, ``releases``,
+``status``, ``logs``, ``lock``, ``health``, ``parity``, ``capture``, ``bundle``, ``testbed``), composed in
+``main.py``. Shared: ``common.py`` (options, output, the error boundary), ``progress.py`` (a single-host
+command's live steps and closing verdict), ``rollout.py`` (a group target's plan and table), ``parityview.py``
+(parity lines and their verdicts as status and logs show them), ``render.py`` (the tables and texts of health
+results and roll-outs)."""
 
 from .main import app, main
 

@@ -174,6 +174,21 @@ def pick_host(inv: Inventory, given: str | None, command: str) -> HostConfig:
     )
 
 
+def host_of(name: str | None, inventory_path: Path | None, command: str) -> HostConfig:
+    """The host a single-host command acts on: the one named, else the inventory's default (announced)."""
+    return pick_host(inventory(inventory_path), name, command)
+
+
+def host_and_action(
+    host: str | None, action: str | None, actions: tuple[str, ...], inventory_path: Path | None, command: str
+) -> tuple[HostConfig, str | None]:
+    """`opsctl CMD [HOST] ACTION`: with the host left out, the one word given is the action."""
+    inv = inventory(inventory_path)
+    if action is None and host in actions and host not in inv.hosts and host not in inv.groups:
+        host, action = None, host
+    return pick_host(inv, host, command), action
+
+
 def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
@@ -289,6 +304,11 @@ def bounded_failing_with(exit_code: int) -> Callable[[Callable[..., None]], Call
         return wrapper
 
     return decorate
+
+
+def escape_brackets(text: str) -> str:
+    """Text printed inside markup: every ``[`` escaped, so a message never opens a style."""
+    return text.replace("[", "\\[")
 
 
 def ok_mark(ok: bool | None) -> str:

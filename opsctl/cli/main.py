@@ -10,7 +10,23 @@ import typer
 
 from .. import __version__
 from ..errors import EXIT_INTERRUPTED, EXIT_NOT_CONFIRMED, OpsError
-from . import bundle, capture, common, deploy, health, hosts, parity, testbed
+from . import (
+    adopt,
+    bundle,
+    capture,
+    common,
+    deploy,
+    health,
+    hosts,
+    lock,
+    logs,
+    parity,
+    releases,
+    restart,
+    service,
+    status,
+    testbed,
+)
 
 app = typer.Typer(
     name="opsctl",
@@ -22,6 +38,13 @@ app = typer.Typer(
 # One module a group of commands, each with its own Typer app; unnamed ones add their commands at the top level.
 app.add_typer(hosts.app)
 app.add_typer(deploy.app)
+app.add_typer(restart.app)  # restart, rollback
+app.add_typer(adopt.app)
+app.add_typer(service.app)
+app.add_typer(releases.app)
+app.add_typer(status.app)
+app.add_typer(logs.app)
+app.add_typer(lock.app)
 app.add_typer(health.app)
 app.add_typer(health.schedule_app, name="schedule")
 app.add_typer(parity.app, name="parity")

@@ -24,7 +24,7 @@ import pytest
 from rich.console import Console
 
 from opsctl.cli import common as cli_common
-from opsctl.cli.deploy import RichReporter
+from opsctl.cli.progress import RichReporter
 from opsctl.errors import InventoryError, OpsError
 from opsctl.gate.lines import ParityLine, parse_line
 from opsctl.inventory import parse

@@ -6,7 +6,7 @@ import json
 import pytest
 from rich.console import Console
 
-from opsctl.cli import deploy as cli_deploy
+from opsctl.cli import logs as cli_logs
 from opsctl.host import views as hostinfo
 from opsctl.inventory import HostConfig
 
@@ -21,14 +21,14 @@ def journal(msg: str) -> str:
 @pytest.fixture
 def out(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
     buf = io.StringIO()
-    monkeypatch.setattr(cli_deploy, "console", Console(file=buf, width=200, color_system=None, force_terminal=True))
+    monkeypatch.setattr(cli_logs, "console", Console(file=buf, width=200, color_system=None, force_terminal=True))
     return buf
 
 
 @pytest.fixture
 def piped(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
     buf = io.StringIO()
-    monkeypatch.setattr(cli_deploy, "console", Console(file=buf, width=80, color_system=None))
+    monkeypatch.setattr(cli_logs, "console", Console(file=buf, width=80, color_system=None))
     return buf
 
 
@@ -37,9 +37,9 @@ def host() -> HostConfig:
 
 
 def test_shapes_decoded_with_bug_warning(out: io.StringIO) -> None:
-    p = cli_deploy._LogPrinter(host(), as_json=False, stream=False)
-    p.feed(journal(SHAPES), cli_deploy._matcher("shapes"))
-    p.feed(journal(PARITY), cli_deploy._matcher("shapes"))
+    p = cli_logs._LogPrinter(host(), as_json=False, stream=False)
+    p.feed(journal(SHAPES), cli_logs._matcher("shapes"))
+    p.feed(journal(PARITY), cli_logs._matcher("shapes"))
     p.flush()
     text = out.getvalue()
     assert "kv_len_max=21" in text and "9 query tokens x 8 heads x 576" in text
@@ -47,28 +47,28 @@ def test_shapes_decoded_with_bug_warning(out: io.StringIO) -> None:
 
 
 def test_parity_table_with_verdicts(out: io.StringIO) -> None:
-    p = cli_deploy._LogPrinter(host(), as_json=False, stream=False)
+    p = cli_logs._LogPrinter(host(), as_json=False, stream=False)
     for line in (PARITY, PARITY.replace("rel=1.0837e+00", "rel=1.0e-03"), "unrelated"):
-        p.feed(journal(line), cli_deploy._matcher("parity"))
+        p.feed(journal(line), cli_logs._matcher("parity"))
     p.flush()
     text = out.getvalue()
     assert "TP3" in text and "L56" in text and "FAIL" in text and "PASS" in text and "unrelated" not in text
 
 
 def test_json_lines(capsys: pytest.CaptureFixture[str]) -> None:
-    p = cli_deploy._LogPrinter(host(), as_json=True, stream=False)
-    p.feed(journal(PARITY), cli_deploy._matcher(None))
-    p.feed(journal("[kdtree] L1 max_abs_diff=nan mean=nan rel=nan tp=0"), cli_deploy._matcher("parity"))
+    p = cli_logs._LogPrinter(host(), as_json=True, stream=False)
+    p.feed(journal(PARITY), cli_logs._matcher(None))
+    p.feed(journal("[kdtree] L1 max_abs_diff=nan mean=nan rel=nan tp=0"), cli_logs._matcher("parity"))
     docs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert docs[0]["kind"] == "parity" and docs[0]["rank"] == 3 and docs[0]["verdict"] == "FAIL"
     assert docs[1]["rel"] == "nan" and docs[1]["verdict"] == "FAIL"
 
 
 def test_regex_grep_and_bad_regex() -> None:
-    m = cli_deploy._matcher("kv_len_max=2[01]")
+    m = cli_logs._matcher("kv_len_max=2[01]")
     assert m(SHAPES, None) and not m(PARITY, None)
-    with pytest.raises(cli_deploy.UsageError):
-        cli_deploy._matcher("(")
+    with pytest.raises(cli_logs.UsageError):
+        cli_logs._matcher("(")
 
 
 def test_release_meta() -> None:
@@ -103,9 +103,9 @@ def test_logs_grep_parity_pipes_into_parity_check(
     from opsctl.inventory import GateSettings
 
     entries = journal_of_two_deploys()
-    p = cli_deploy._LogPrinter(host(), as_json=as_json, stream=False)
+    p = cli_logs._LogPrinter(host(), as_json=as_json, stream=False)
     for e in entries:
-        p.feed(e, cli_deploy._matcher("parity"))
+        p.feed(e, cli_logs._matcher("parity"))
     p.flush()
     shown = capsys.readouterr().out if as_json else piped.getvalue()
     assert shown.count("[kdtree] L") == 6

@@ -94,7 +94,7 @@ def test_parse_history_skips_torn_lines() -> None:
 
 
 def test_lock_lease_as_opsctl_lock_shows_it() -> None:
-    from opsctl.cli.deploy import lease_text
+    from opsctl.cli.lock import lease_text
 
     base = parse_snapshot("lock_present=1\nlock_boot=b1\nboot_id=b1\nnow=1000\nlock_lease=1090\n")
     assert base.lock_remaining_s == 90 and not base.lock_stale

@@ -1,0 +1,74 @@
+"""``opsctl releases``: the releases on a host, their state and last verdict."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from ..host import history as host_history
+from ..host import views as hostinfo
+from . import common
+from .parityview import VERDICT_STYLE
+
+console = common.out
+
+
+def releases_command(
+    host: common.HostArg = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the releases as JSON")] = False,
+    inventory_path: common.InventoryOption = None,
+) -> None:
+    """List the releases on HOST: id, created, commit, current/good/bad, last verdict."""
+    h = common.host_of(host, inventory_path, "releases")
+    host = h.name
+    view = hostinfo.read_releases(h)
+    snap, hist, info = view.snap, view.history, view.meta
+    verdicts = host_history.release_verdicts(hist)
+    rows = []
+    for rid in sorted(snap.releases, key=lambda x: snap.releases[x], reverse=True):
+        flags = [
+            f
+            for f, on in (
+                ("current", rid == snap.current),
+                ("last-good", rid == snap.last_good),
+                ("bad", rid in snap.bad),
+                ("adopted", rid.startswith("r0-")),
+            )
+            if on
+        ]
+        v = verdicts.get(rid, {})
+        rows.append(
+            {
+                "id": rid,
+                "created": info.get(rid, {}).get("created_at", "?"),
+                "commit": info.get(rid, {}).get("commit"),
+                "dirty": info.get(rid, {}).get("dirty"),
+                "flags": flags,
+                "verdict": v.get("verdict"),
+                "verdict_at": v.get("at"),
+            }
+        )
+    if as_json:
+        common.emit_json(rows)
+        return
+    table = Table(title=f"releases on {host} ({h.root})")
+    for col in ("id", "created", "commit", "state", "last verdict"):
+        table.add_column(col)
+    for row in rows:
+        commit = (row["commit"] or "-")[:10] + ("+dirty" if row["dirty"] else "")
+        verdict = row["verdict"] or "-"
+        table.add_row(
+            row["id"],
+            row["created"],
+            commit,
+            ", ".join(row["flags"]),
+            Text(verdict, style=VERDICT_STYLE.get(verdict, "")),
+        )
+    console.print(table)
+
+
+app = typer.Typer()
+app.command("releases")(common.bounded(releases_command))
