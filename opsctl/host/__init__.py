@@ -1,18 +1,19 @@
-"""What runs on a host: every shell command opsctl sends, built as text by pure functions.
+"""A host as opsctl sees it: its facts, its release root, the programs a release runs there, and the read-only
+views the CLI shows.
 
-Each module here turns values (paths, unit names, tokens, ids) into a command line with every value
-``shlex.quote``d, and parses what the command prints; none of them opens a connection. The modules that talk to
-a host (``opsctl.host.rootstate``, ``opsctl.pipeline``, ``opsctl.health.checks``, ...) hand these commands to a ``Remote``
-(:mod:`opsctl.ssh.remote`), so a command can be read, and tested as text, in one place (tests/host/).
+Remote commands are built as text by pure functions, every value ``shlex.quote``d, each beside the function
+that reads what it prints; they run through a ``Remote`` (:mod:`opsctl.ssh.remote`).
 
-- :mod:`.remote`: the ``Remote`` protocol every such caller uses;
-- :mod:`.facts`: the one probe of systemd, the unit, GPUs and disk, and its parser;
-- :mod:`.layout`: the release root (releases, ``current``, state, history), its snapshot;
-- :mod:`.lock`: the deploy lock and its lease;
-- :mod:`.unit`: systemctl actions on the service unit;
-- :mod:`.journal`: journalctl queries (the gate's follower, logs, the latest parity lines);
-- :mod:`.replay`: the replay service runs (pre-restart parity, capture replay) and the extension build;
-- :mod:`.captures`: the capture directory (listing, arming, pruning);
-- :mod:`.probe`: the health probe;
-- :mod:`.session`: the SSH layer's own wrappers (run marker, timeout killer, atomic write).
+- :mod:`.facts`: the one probe of systemd, the unit, GPUs and disk, and its parser (``key_values``: the one
+  reader of ``key=value`` output);
+- :mod:`.releaseroot`: the release root (releases, ``current``, state, the parity token file), its snapshot and
+  the changes to it;
+- :mod:`.history`: the history file (one JSON line per deploy, restart, rollback);
+- :mod:`.replay`: the programs a release runs on the host (the extension build, the replay service for the
+  pre-restart parity and the capture replay);
+- :mod:`.ping`: ``opsctl ping``;
+- :mod:`.views`: the read-only host commands (status, releases, service, lock, logs) as library calls.
+
+Elsewhere, each in its own package: the lock (:mod:`opsctl.lock`), the unit (:mod:`opsctl.unit`), the journal
+(:mod:`opsctl.journal`), captures (:mod:`opsctl.captures`), the health probe (:mod:`opsctl.health`).
 """

@@ -1,12 +1,13 @@
-"""The host commands of docs/pipeline.md: deploy, restart, rollback, adopt, each a list of steps.
+"""The single-host commands of docs/pipeline.md: deploy, restart, rollback, adopt, each a list of steps.
 
-- ``plan.py``: what a deploy would do or why it refuses, where a rollback goes (pure);
+- ``plan.py``: what a deploy would do or why it refuses (pure);
 - ``runner.py``: runs a command's steps: lock, timings, history, compensation (every outcome in its docstring);
-- ``steps.py``: the steps the commands share (switch, unit, restart, gate, restore) and their undos;
-- ``ship.py``, ``restart.py``, ``adopt.py``: the commands' step lists;
-- ``checks.py``: the build and the pre-restart parity; ``watch.py``: the restart and the gate loop;
-- ``session.py``, ``lease.py``, ``signals.py``, ``report.py``, ``result.py``: connection, lock lease, signals,
-  progress, results.
+- ``steps.py``: the steps the commands share (switch, unit, restart, gate) and their undos;
+- ``deploy.py``, ``restart.py``, ``adopt.py``: the commands' step lists;
+- ``rollback.py``: every path that puts an earlier release back (the rollback command, the deploy's undo, restart
+  --rollback-on-fail, and where a rollback goes);
+- ``prerestart.py``: the build and the pre-restart parity; ``watch.py``: the restart and the gate loop;
+- ``signals.py``, ``report.py``, ``result.py``: signals, progress, results.
 """
 
 from ..ssh.session import Connect, Session, default_connect
