@@ -62,7 +62,7 @@ def test_capture_ids_are_utc_stamps_the_backend_accepts() -> None:
 
 
 def test_request_doc_splits_the_budget_over_ranks_and_the_backend_parses_it() -> None:
-    parse_request = pytest.importorskip("kdtree_backend.capture").parse_request
+    parse_request = pytest.importorskip("kdtree_backend.capture_format").parse_request
     doc = arming.request_doc(
         capture_id="c20260601T120005Z-a1b2c3", layers=[30, 0], steps=3, max_mb=64, tp=8, host_now=1000.0, ttl_s=60
     )
