@@ -13,14 +13,14 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import UsageError
-from ..gate.decision import classify
-from ..gate.lines import FallbackLine, ParityLine, ShapesLine, parse_line
+from ..gate.decision import Judgement
+from ..gate.lines import FallbackLine, KdtreeLine, ParityLine, ShapesLine, parse_line
 from ..host import views as hostinfo
 from ..inventory import HostConfig
 from ..journal.query import message_text
 from . import common
 from .common import escape_brackets as escape
-from .parityview import VERDICT_STYLE, fmt, json_num, parity_table
+from .parityview import VERDICT_STYLE, LineJudge, fmt, json_num, parity_table
 
 console = common.out
 
@@ -48,6 +48,7 @@ def logs_command(
         lines=lines,
         follow=follow,
         kdtree_only=grep in ("shapes", "parity"),
+        on_token=printer.use_token,
     )
     printer.flush()
     if not printer.matched and not follow:
@@ -62,80 +63,109 @@ def logs_command(
         )
 
 
-def _matcher(grep: str | None) -> Callable[[str, Any], bool]:
+Matcher = Callable[[str, KdtreeLine | None, Judgement | None], bool]
+
+
+def _matcher(grep: str | None) -> Matcher:
+    """Which messages ``--grep`` shows: each message with its record (None: not a marked line) and the gate's
+    judgement (None: not about parity)."""
     if grep is None:
-        return lambda _msg, _rec: True
+        return lambda _msg, _rec, _judged: True
     if grep == "shapes":
-        return lambda _msg, rec: isinstance(rec, ShapesLine)
+        return lambda _msg, rec, _judged: isinstance(rec, ShapesLine)
     if grep == "parity":
-        return lambda _msg, rec: isinstance(rec, ParityLine)
+        # Whatever the gate would judge: the lines it counts, and the ones it ignores (forged, or the marker
+        # inside another message), so that a forgery is seen reading IGNORED.
+        return lambda _msg, _rec, judged: judged is not None
     try:
         rx = re.compile(grep)
     except re.error as e:
         raise UsageError(f"--grep {grep!r} is not a valid regular expression: {e}") from None
-    return lambda msg, _rec: bool(rx.search(msg))
+    return lambda msg, _rec, _judged: bool(rx.search(msg))
 
 
 class _LogPrinter:
-    def __init__(self, h: HostConfig, as_json: bool, stream: bool) -> None:
+    """Prints the journal entries ``feed`` is given; parity lines with the gate's verdict (``token``: the running
+    invocation's, see ``use_token``)."""
+
+    def __init__(self, h: HostConfig, as_json: bool, stream: bool, token: str | None = None) -> None:
         self.h, self.as_json, self.stream = h, as_json, stream
+        self.judge = LineJudge(h, token)
         self.read = 0  # journal entries read
         self.matched = 0  # of those, shown
-        self.parity: list[ParityLine] = []
+        self.parity: list[Judgement] = []
         self.parity_times: list[str] = []
 
-    def feed(self, raw: str, matcher: Callable[[str, Any], bool]) -> None:
+    def use_token(self, token: str | None) -> None:
+        """Judge by the token the running invocation was handed (read from the host before the first line)."""
+        self.judge = LineJudge(self.h, token)
+
+    def feed(self, raw: str, matcher: Matcher) -> None:
         try:
             doc = json.loads(raw)
         except ValueError:
             return
         self.read += 1
         msg = message_text(doc.get("MESSAGE"))
-        when = _fmt_time(doc.get("__REALTIME_TIMESTAMP"))
-        rec = parse_line(msg)
-        if not matcher(msg, rec):
+        stamp = doc.get("__REALTIME_TIMESTAMP")
+        judged = self.judge.message(msg)
+        rec = judged.line if judged is not None else parse_line(msg)
+        if not matcher(msg, rec, judged):
             return
         self.matched += 1
+        when = _fmt_time(stamp)
         if self.as_json:
-            sys.stdout.write(json.dumps(_log_json(when, msg, rec, self.h), default=str) + "\n")
+            sys.stdout.write(json.dumps(_log_json(when, msg, rec, judged), default=str) + "\n")
             sys.stdout.flush()
-        elif isinstance(rec, ParityLine) and not console.is_terminal:
-            # Piped: the entry as `journalctl -o short-iso` prints it, so `opsctl parity check -` reads it as the
-            # journal itself (the table below is for a terminal).
-            # A newline (never in a stdout line; possible from another writer) would make a second line out of
-            # the message's middle: U+FFFD keeps it one line, and a marked message with it stays malformed.
-            one_line = msg.replace("\n", "\ufffd")
-            when = _iso_time(doc.get("__REALTIME_TIMESTAMP"))
-            console.file.write(f"{when} {self.h.name} {self.h.unit}: {one_line}\n")
-            if self.stream:
-                console.file.flush()
-        elif isinstance(rec, ParityLine):
-            if self.stream:
-                v = str(classify(rec, self.h.gate))
-                rank = f"TP{rec.rank} " if rec.rank is not None else ""
-                console.print(
-                    f"{when} {rank}L{rec.layer} max_abs_diff={fmt(rec.max_abs_diff)} mean={fmt(rec.mean)} rel={fmt(rec.rel)} [{VERDICT_STYLE.get(v, '')}]{v}[/]",
-                    highlight=False,
-                )
-            else:
-                self.parity.append(rec)
-                self.parity_times.append(when)
+        elif judged is not None and not console.is_terminal:
+            self._journal_line(msg, stamp)
+        elif judged is not None:
+            self._parity(when, judged)
         elif isinstance(rec, ShapesLine):
-            d = rec.decode()
-            rank = f"TP{rec.rank} " if rec.rank is not None else ""
-            console.print(
-                f"{when} {rank}[bold]shapes[/] " + escape(" ".join(f"{k}={v}" for k, v in rec.fields.items())),
-                highlight=False,
-            )
-            console.print(f"    {escape(d.text())}", style="cyan", highlight=False)
-            if d.warning:
-                console.print(f"    {escape(d.warning)}", style="bold red", highlight=False)
+            _print_shapes(when, rec)
         else:
             console.print(f"{when} {msg}", highlight=False, markup=False)
 
+    def _journal_line(self, msg: str, stamp: Any) -> None:
+        """Piped: the entry as `journalctl -o short-iso` prints it, so `opsctl parity check -` reads it as the
+        journal itself (the table is for a terminal)."""
+        # A newline (never in a stdout line; possible from another writer) would make a second line out of the
+        # message's middle: U+FFFD keeps it one line, and a marked message with it stays malformed.
+        one_line = msg.replace("\n", "\ufffd")
+        console.file.write(f"{_iso_time(stamp)} {self.h.name} {self.h.unit}: {one_line}\n")
+        if self.stream:
+            console.file.flush()
+
+    def _parity(self, when: str, judged: Judgement) -> None:
+        """Following: one line at once; otherwise a row of the table printed at the end."""
+        if not self.stream:
+            self.parity.append(judged)
+            self.parity_times.append(when)
+            return
+        p = judged.line
+        if p is None:  # the marker inside another message: the message itself
+            what = escape(judged.raw)
+        else:
+            rank = f"TP{p.rank} " if p.rank is not None else ""
+            what = f"{rank}L{p.layer} max_abs_diff={fmt(p.max_abs_diff)} mean={fmt(p.mean)} rel={fmt(p.rel)}"
+        v = judged.verdict
+        console.print(f"{when} {what} [{VERDICT_STYLE.get(v, '')}]{v}[/]", highlight=False)
+
     def flush(self) -> None:
         if self.parity:
-            console.print(parity_table(self.parity, self.h, title="parity", times=self.parity_times))
+            console.print(parity_table(self.parity, title="parity", times=self.parity_times))
+
+
+def _print_shapes(when: str, rec: ShapesLine) -> None:
+    d = rec.decode()
+    rank = f"TP{rec.rank} " if rec.rank is not None else ""
+    console.print(
+        f"{when} {rank}[bold]shapes[/] " + escape(" ".join(f"{k}={v}" for k, v in rec.fields.items())),
+        highlight=False,
+    )
+    console.print(f"    {escape(d.text())}", style="cyan", highlight=False)
+    if d.warning:
+        console.print(f"    {escape(d.warning)}", style="bold red", highlight=False)
 
 
 def _iso_time(us: Any) -> str:
@@ -152,19 +182,20 @@ def _fmt_time(us: Any) -> str:
         return "?"
 
 
-def _log_json(when: str, msg: str, rec: Any, h: HostConfig) -> dict[str, Any]:
+def _log_json(when: str, msg: str, rec: KdtreeLine | None, judged: Judgement | None) -> dict[str, Any]:
     out: dict[str, Any] = {"time": when, "message": msg}
-    if isinstance(rec, ParityLine):
-        out.update(
-            kind="parity",
-            layer=rec.layer,
-            rank=rec.rank,
-            max_abs_diff=json_num(rec.max_abs_diff),
-            mean=json_num(rec.mean),
-            rel=json_num(rec.rel),
-            extra=rec.extra,
-            verdict=str(classify(rec, h.gate)),
-        )
+    if judged is not None:
+        out["kind"] = "parity"
+        if isinstance(rec, ParityLine):
+            out.update(
+                layer=rec.layer,
+                rank=rec.rank,
+                max_abs_diff=json_num(rec.max_abs_diff),
+                mean=json_num(rec.mean),
+                rel=json_num(rec.rel),
+                extra=rec.extra,
+            )
+        out["verdict"] = judged.verdict
     elif isinstance(rec, ShapesLine):
         d = rec.decode()
         out.update(kind="shapes", rank=rec.rank, fields=rec.fields, decoded=d.text(), warning=d.warning)

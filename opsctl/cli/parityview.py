@@ -1,5 +1,11 @@
 """How the commands show a parity line and its verdict: the verdicts' colours, the numbers, the table that
-``status`` and ``logs`` print."""
+``status`` and ``logs`` print, and the judge they ask.
+
+``status`` and ``logs`` never judge a line themselves: ``LineJudge`` hands each journal message to the deploy
+gate's own judge (``opsctl.gate.decision.judge``) with the host's gate settings, its TP size and the token the
+running invocation was handed. So a line without that token, or the marker inside another message, reads IGNORED
+there as it does at the gate, a rank outside the unit's TP size or a garbled line FAIL, the rest by the
+thresholds."""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import math
 from rich.table import Table
 from rich.text import Text
 
-from ..gate.decision import classify
+from ..gate.decision import GateState, Judgement, LineVerdict, judge, judge_record
 from ..gate.lines import ParityLine
 from ..inventory import HostConfig
 
@@ -19,7 +25,42 @@ VERDICT_STYLE = {
     "NODATA": "red",
     "ERROR": "bold red",
     "UNPROVEN": "yellow",
+    "IGNORED": "dim",
 }
+
+
+class LineJudge:
+    """The gate's verdict on each parity line a command shows, one line at a time, as a deploy's gate would give
+    it: ``token`` is the one the running invocation was handed (``state/parity.env``); None (no opsctl restart
+    yet) judges the lines without one, as the gate does when the unit cannot carry it."""
+
+    def __init__(self, host: HostConfig, token: str | None) -> None:
+        # A gate that never stops at a PASS: each line gets its own verdict, whatever came before it.
+        self._gate = GateState.every_line(host.gate, expected_ranks=host.service.tp, token=token)
+
+    def message(self, text: str) -> Judgement | None:
+        """One journal message; None when it is not about parity at all (no marker)."""
+        return judge(self._gate, text, 0.0)
+
+    def line(self, line: ParityLine) -> Judgement:
+        """One parsed parity line."""
+        return judge_record(self._gate, line, 0.0)
+
+
+def counted(judgements: list[Judgement]) -> list[Judgement]:
+    """The judgements the gate would count (IGNORED ones are not evidence)."""
+    return [j for j in judgements if j.line is not None and j.verdict is not LineVerdict.IGNORED]
+
+
+def latest_per_rank_and_layer(judgements: list[Judgement]) -> list[Judgement]:
+    """The newest line of each (rank, layer), in rank then layer order: a whole step's figures, never the tail of a
+    line list that starts in the middle of a step. Lines without a record (a marker inside another message) are
+    left out."""
+    newest: dict[tuple[int, int], Judgement] = {}
+    for j in judgements:
+        if j.line is not None:
+            newest[(-1 if j.line.rank is None else j.line.rank, j.line.layer)] = j
+    return [newest[key] for key in sorted(newest)]
 
 
 def fmt(x: float) -> str:
@@ -30,21 +71,24 @@ def json_num(x: float) -> float | str:
     return x if math.isfinite(x) else str(x)
 
 
-def parity_table(lines: list[ParityLine], h: HostConfig, title: str = "", times: list[str] | None = None) -> Table:
+def verdict_text(verdict: str) -> Text:
+    return Text(verdict, style=VERDICT_STYLE.get(verdict, ""))
+
+
+def parity_table(judgements: list[Judgement], title: str = "", times: list[str] | None = None) -> Table:
+    """One row a judged line: its rank, layer and figures (``-`` for a marker inside another message) and the
+    gate's verdict."""
     table = Table(title=title or None)
     if times:
         table.add_column("time")
     for col in ("rank", "layer", "max_abs_diff", "mean", "rel", "verdict"):
         table.add_column(col, justify="right" if col not in ("verdict",) else "left")
-    for i, p in enumerate(lines):
-        v = str(classify(p, h.gate))
-        row = [
-            f"TP{p.rank}" if p.rank is not None else "-",
-            f"L{p.layer}",
-            fmt(p.max_abs_diff),
-            fmt(p.mean),
-            fmt(p.rel),
-            Text(v, style=VERDICT_STYLE.get(v, "")),
-        ]
-        table.add_row(*([times[i]] if times else []), *row)
+    for i, j in enumerate(judgements):
+        p = j.line
+        figures = (
+            [f"TP{p.rank}" if p.rank is not None else "-", f"L{p.layer}", fmt(p.max_abs_diff), fmt(p.mean), fmt(p.rel)]
+            if p is not None
+            else ["-"] * 5
+        )
+        table.add_row(*([times[i]] if times else []), *figures, verdict_text(j.verdict))
     return table

@@ -7,13 +7,12 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import OpsError, SshError
-from ..gate.decision import classify
 from ..host import views as hostinfo
 from ..inventory import HostConfig
 from ..lock import hostlock
 from ..pipeline.result import describe_restart_times, last_restart_times
 from . import common
-from .parityview import VERDICT_STYLE, json_num, parity_table
+from .parityview import VERDICT_STYLE, LineJudge, counted, json_num, latest_per_rank_and_layer, parity_table
 
 console = common.out
 
@@ -53,8 +52,11 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
     """Read one host's state; print it for people unless ``as_json``; return the JSON document."""
     host = h.name
     view = hostinfo.read_status(h)
-    snap, hist, parity = view.snap, view.history, view.parity
-    latest = view.latest_parity()
+    snap, hist = view.snap, view.history
+    line_judge = LineJudge(h, view.token)
+    judged = [j for j in map(line_judge.message, view.parity_messages) if j is not None]
+    evidence = counted(judged)
+    latest = latest_per_rank_and_layer(evidence)
     last = next((x for x in reversed(hist) if x.get("verdict")), None)
     restart_times = last_restart_times(hist)
     doc = {
@@ -76,13 +78,14 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
         "free_mb": snap.free_mb,
         "parity": [
             {
-                "layer": p.layer,
-                "rank": p.rank,
-                "rel": json_num(p.rel),
-                "max_abs_diff": json_num(p.max_abs_diff),
-                "verdict": str(classify(p, h.gate)),
+                "layer": j.line.layer,
+                "rank": j.line.rank,
+                "rel": json_num(j.line.rel),
+                "max_abs_diff": json_num(j.line.max_abs_diff),
+                "verdict": j.verdict,
             }
-            for p in latest
+            for j in latest
+            if j.line is not None
         ],
     }
     if as_json:
@@ -105,10 +108,18 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
     if restart_times:
         console.print(f"last restart: {describe_restart_times(restart_times)}", highlight=False)
     console.print(f"lock: {doc['lock'] or 'free'}   free disk: {snap.free_mb} MB", highlight=False)
-    if parity:
-        console.print(parity_table(latest, h, title="latest parity line of each rank and layer (current invocation)"))
+    if evidence:
+        console.print(parity_table(latest, title="latest parity line of each rank and layer (current invocation)"))
     else:
         console.print("no parity lines from the current invocation yet")
+    ignored = len(judged) - len(evidence)
+    if ignored:
+        console.print(
+            f"{ignored} marked line(s) of the current invocation IGNORED, as the gate ignores them (no or wrong "
+            "token=, or the marker inside another message): `opsctl logs --grep parity` shows them",
+            style="yellow",
+            highlight=False,
+        )
     return doc
 
 

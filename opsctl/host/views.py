@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import OpsError, UsageError
-from ..gate.lines import ParityLine, parse_line
 from ..inventory import HostConfig
 from ..journal import query as journal_commands
 from ..lock import hostlock
@@ -75,19 +74,10 @@ def read_releases(host: HostConfig) -> ReleasesView:
 class StatusView:
     snap: hs.HostSnapshot
     history: list[dict[str, Any]]
-    parity: list[ParityLine]  # the running invocation's own lines (its token), newest last
-
-    def latest_parity(self) -> list[ParityLine]:
-        """The newest line of each (rank, layer), in rank then layer order: a whole step's figures, never the
-        tail of a line list that starts in the middle of a step."""
-        return latest_per_rank_and_layer(self.parity)
-
-
-def latest_per_rank_and_layer(lines: list[ParityLine]) -> list[ParityLine]:
-    newest: dict[tuple[int, int], ParityLine] = {}
-    for p in lines:
-        newest[(-1 if p.rank is None else p.rank, p.layer)] = p
-    return [newest[key] for key in sorted(newest)]
+    # The running invocation's journal messages with the marker, oldest first, for the gate's judge to read: its
+    # own lines, forgeries and the marker inside other messages alike.
+    parity_messages: list[str]
+    token: str | None  # the token the running invocation was handed (None before the first opsctl restart)
 
 
 def read_status(host: HostConfig) -> StatusView:
@@ -102,14 +92,9 @@ def read_status(host: HostConfig) -> StatusView:
                 timeout=60,
                 check=False,
             ).stdout
+        messages = [x for x in text.split("\n") if x]  # \n only, as journald splits stdout
         token = hs.read_parity_token(r, layout)
-        # As the gate sees them: only lines with the running invocation's token are the service's own.
-        parity = [
-            p
-            for p in (parse_line(x) for x in text.split("\n"))  # \n only, as journald splits stdout
-            if isinstance(p, ParityLine) and (token is None or p.carries(token))
-        ]
-        return StatusView(snap, host_history.read_history(r, layout), parity)
+        return StatusView(snap, host_history.read_history(r, layout), messages, token)
 
     return _with_host(host, gather)
 
@@ -154,13 +139,22 @@ def read_lock(host: HostConfig, *, break_it: bool = False) -> hs.HostSnapshot:
 
 
 def read_journal(
-    host: HostConfig, on_line: Callable[[str], None], *, since: str | None, lines: int, follow: bool, kdtree_only: bool
+    host: HostConfig,
+    on_line: Callable[[str], None],
+    *,
+    since: str | None,
+    lines: int,
+    follow: bool,
+    kdtree_only: bool,
+    on_token: Callable[[str | None], None] = lambda _token: None,
 ) -> None:
     """Each line of the unit's journal (``host.journal.logs_command``, JSON lines) to ``on_line``; following,
-    until Ctrl-C."""
+    until Ctrl-C. Before the first line, ``on_token`` hears the token the running invocation was handed (None
+    before the first opsctl restart), so the lines can be judged as the gate judges them."""
     remote = journal_commands.logs_command(host.unit, since=since, lines=lines, follow=follow, kdtree_only=kdtree_only)
 
     def act(r: Remote) -> None:
+        on_token(hs.read_parity_token(r, hs.Layout(host.root)))
         if follow:
             with contextlib.suppress(KeyboardInterrupt):
                 r.run(remote, timeout=10**8, check=False, on_output=on_line)

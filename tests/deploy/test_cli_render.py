@@ -66,7 +66,7 @@ def test_json_lines(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_regex_grep_and_bad_regex() -> None:
     m = cli_logs._matcher("kv_len_max=2[01]")
-    assert m(SHAPES, None) and not m(PARITY, None)
+    assert m(SHAPES, None, None) and not m(PARITY, None, None)
     with pytest.raises(cli_logs.UsageError):
         cli_logs._matcher("(")
 

@@ -25,7 +25,9 @@ def test_release_meta_of_each_manifest_as_the_host_prints_it(tmp_path: Path) -> 
 
 
 def test_status_shows_the_newest_line_of_each_rank_and_layer_never_the_middle_of_a_step() -> None:
+    from opsctl.cli.parityview import LineJudge, latest_per_rank_and_layer
     from opsctl.gate.lines import ParityLine
+    from opsctl.inventory import HostConfig
 
     def line(rank: int, layer: int, rel: float) -> ParityLine:
         return ParityLine(layer=layer, max_abs_diff=rel, mean=rel, rel=rel, rank=rank)
@@ -33,7 +35,7 @@ def test_status_shows_the_newest_line_of_each_rank_and_layer_never_the_middle_of
     # Three steps of 2 ranks x 3 layers, as the service prints them, then the first lines of a fourth step: the
     # old tail (the last 16 lines) began with TP0 L60.
     steps = [line(rank, layer, step / 1000) for step in range(3) for rank in (0, 1) for layer in (0, 30, 60)]
-    lines = [*steps, line(0, 0, 0.009)]
-    latest = hostinfo.latest_per_rank_and_layer(lines)
-    assert [(p.rank, p.layer) for p in latest] == [(0, 0), (0, 30), (0, 60), (1, 0), (1, 30), (1, 60)]
-    assert latest[0].rel == 0.009 and latest[1].rel == 0.002  # the newest of each pair
+    judge = LineJudge(HostConfig(name="h", address="127.0.0.1", gpu_arch=None), None)
+    latest = [j.line for j in latest_per_rank_and_layer([judge.line(p) for p in [*steps, line(0, 0, 0.009)]])]
+    assert [(p.rank, p.layer) for p in latest if p] == [(0, 0), (0, 30), (0, 60), (1, 0), (1, 30), (1, 60)]
+    assert latest[0] and latest[0].rel == 0.009 and latest[1] and latest[1].rel == 0.002  # the newest of each pair
