@@ -1,7 +1,7 @@
 """CLI: `opsctl health HOST|GROUP|--all` and `opsctl schedule install|remove|status`.
 
-Thin: parse options, call opsctl.health.checks / alerts / schedule, print. Exit codes of `health`: 0 OK, 1 WARN, 2 CRIT,
-3 the check itself failed (bad inventory or option, a crash, an alert state that could not be saved).
+Thin: parse options, call opsctl.health (checks, probe, alerts, schedule), print. Exit codes of `health`: 0 OK,
+1 WARN, 2 CRIT, 3 the check itself failed (bad inventory or option, a crash, an alert state that could not be saved).
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from rich.markup import escape
 from .. import inventory as inv
 from ..errors import OpsError, UsageError
 from ..health import alerts, schedule
-from ..health import checks as hl
+from ..health.checks import check_hosts
+from ..health.levels import EXIT_HEALTH_ERROR, HealthRun, Level
+from ..health.localstate import HealthHistory, write_atomic
+from ..health.probe import ssh_probe
 from . import common, render
 
 console = common.out
@@ -79,7 +82,7 @@ def health_command(
 class HealthCheckFailed(OpsError):
     """The health check itself could not run to its end (not a finding about a host)."""
 
-    exit_code = hl.EXIT_HEALTH_ERROR
+    exit_code = EXIT_HEALTH_ERROR
 
 
 def _health(
@@ -94,14 +97,14 @@ def _health(
 ) -> None:
     name, hosts = _targets(inventory, target, all_hosts)
     t0 = time.monotonic()
-    run = hl.check_hosts(
+    run = check_hosts(
         hosts,
-        lambda h: hl.ssh_probe(h, probe=h.health.probe if probe is None else probe),
-        hl.HealthHistory(),
+        lambda h: ssh_probe(h, probe=h.health.probe if probe is None else probe),
+        HealthHistory(),
     )
     elapsed = time.monotonic() - t0
     if prometheus is not None:
-        hl.write_atomic(prometheus, render.render_prometheus(run.results))
+        write_atomic(prometheus, render.render_prometheus(run.results))
         # On stderr: stdout stays one JSON document under --json.
         err_console.print(
             f"wrote {prometheus} ({len(run.results)} host(s), node_exporter textfile format)",
@@ -125,7 +128,7 @@ def _health(
         doc["rollbacks"] = rollbacks
         if alert_failure:
             doc["error"] = alerts.redact(alert_failure, alerts.webhook_secrets(inventory.hosts.values()))
-            doc["exit_code"] = hl.EXIT_HEALTH_ERROR
+            doc["exit_code"] = EXIT_HEALTH_ERROR
         common.emit_json(doc)
     else:
         console.print(render.render_table(run.results))
@@ -144,12 +147,12 @@ def _health(
     if alert_failure:
         if as_json:  # the document above carries the error; stdout stays one JSON document
             common.err.print(f"[bold red]error:[/] [red]{escape(alert_failure)}[/]", soft_wrap=True)
-            raise typer.Exit(hl.EXIT_HEALTH_ERROR)
+            raise typer.Exit(EXIT_HEALTH_ERROR)
         raise HealthCheckFailed(alert_failure)
     raise typer.Exit(run.exit_code)
 
 
-def _rollback(hosts: list[inv.HostConfig], run: hl.HealthRun, quiet: bool) -> list[dict[str, object]]:
+def _rollback(hosts: list[inv.HostConfig], run: HealthRun, quiet: bool) -> list[dict[str, object]]:
     """Roll back each host whose release checks are CRIT, one at a time, through the single-host pipeline."""
     from .. import pipeline
 
@@ -160,7 +163,7 @@ def _rollback(hosts: list[inv.HostConfig], run: hl.HealthRun, quiet: bool) -> li
             continue
         if not quiet:
             console.print(
-                f"{r.host}: CRIT on {', '.join(c.name for c in r.checks if c.level is hl.Level.CRIT)}: rolling back"
+                f"{r.host}: CRIT on {', '.join(c.name for c in r.checks if c.level is Level.CRIT)}: rolling back"
             )
         try:
             res = pipeline.rollback(by_name[r.host])
@@ -233,7 +236,7 @@ def schedule_status(
 ) -> None:
     """Whether the timer is installed and active, when it runs next, and the last health result per host."""
     st = schedule.status(user=_user_mode(user))
-    last = hl.HealthHistory().latest()
+    last = HealthHistory().latest()
     if as_json:
         common.emit_json({**st.to_dict(), "last": {h: rec.get("status") for h, rec in last.items()}})
         return
@@ -256,5 +259,5 @@ def schedule_status(
 
 
 app = typer.Typer()
-app.command("health")(common.bounded_failing_with(hl.EXIT_HEALTH_ERROR)(health_command))
-common.FAILURE_EXIT["health"] = hl.EXIT_HEALTH_ERROR
+app.command("health")(common.bounded_failing_with(EXIT_HEALTH_ERROR)(health_command))
+common.FAILURE_EXIT["health"] = EXIT_HEALTH_ERROR

@@ -1,5 +1,5 @@
 """Rendering at the edge: what `opsctl health` and the roll-outs print (rich tables, detail lines, the JSON
-document, Prometheus textfile text). opsctl.health.checks and opsctl.fleet.rollout return data; this module is the only one that
+document, Prometheus textfile text). opsctl.health.levels and opsctl.fleet.rollout return data; this module is the only one that
 turns it into text."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..fleet.rollout import Outcome, RolloutReport
-from ..health.checks import CHECK_NAMES, HostHealth, Level, exit_code
+from ..health.levels import CHECK_NAMES, HostHealth, Level, exit_code
 
 # ----------------------------------------------------------------------------------------------------------------
 # Health

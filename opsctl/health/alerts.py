@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ..inventory import HostConfig, WebhookUrl
-from .checks import HostHealth, Level, state_dir, write_atomic
+from .levels import HostHealth, Level
+from .localstate import state_dir, write_atomic
 
 DELIVERY_TIMEOUT_S = 10.0
 

@@ -1,17 +1,37 @@
-"""The health probe: one command printing the host facts (:mod:`.facts`), :data:`SEPARATOR`, then one JSON
-document from a small read-only Python script (:data:`PROBE_SCRIPT`, run by the host's own python3) with what the
-facts do not cover: the health endpoint, the current release's files against its manifest, the current
-invocation's ``[kdtree]`` lines, the parity token file, the lock, and the host's clock."""
+"""The health probe: one SSH round trip runs one command printing the host facts (opsctl.host.facts),
+:data:`SEPARATOR`, then one JSON document from a small read-only Python script (:data:`PROBE_SCRIPT`, run by the
+host's own python3) with what the facts do not cover: the health endpoint, the current release's files against its
+manifest, the current invocation's ``[kdtree]`` lines, the parity token file, the lock, and the host's clock.
+
+The command and the reader of its output (``facts_from_probe`` -> opsctl.health.findings.HostFacts) sit together;
+``ssh_probe`` is the I/O edge (with ``--probe`` also ``verify_probe``: one request through the service's API).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import shlex
+import socket
+import time
 import urllib.parse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..host.facts import facts_command
+from ..errors import OpsError
+from ..gate.lines import ParityLine, parse_line
+from ..gate.traffic import ProbeClient, serves_http
+from ..host.facts import SystemFacts, facts_command, parse_facts
+from ..host.releaseroot import parse_parity_env
+from ..inventory import HostConfig
+from ..journal.follower import parse_entries, parse_mark
+from ..journal.query import SEPARATOR as JOURNAL_SEPARATOR
+from ..journal.query import mark_command, poll_command
+from ..release import Manifest
+from ..ssh.remote import Remote
+from .findings import DriftFacts, GpuFacts, HostFacts, HttpFacts, LockFacts, ParitySample, ProbeFacts, UnitFacts
 
 SEPARATOR = "--- opsctl health probe ---"
 MAX_PARITY_LINES = 2000
@@ -128,6 +148,17 @@ def health_url(port: int, path: str) -> str:
     return urllib.parse.urlunsplit(("http", f"127.0.0.1:{port}", path, "", ""))
 
 
+def probe_params(host: HostConfig) -> ProbeParams:
+    """What the probe asks about on ``host``, from the inventory (no HTTP endpoint in replay mode)."""
+    return ProbeParams(
+        unit=host.unit,
+        root=host.root,
+        http_url=None if host.service.mode == "replay" else health_url(host.service.port, host.health.http_path),
+        http_timeout_s=host.health.http_timeout_s,
+        parity_window_s=host.health.parity_window_s,
+    )
+
+
 def probe_command(params: ProbeParams, python: str = "python3") -> str:
     """The probe. The host's own python3 runs the script: sglang's venv is not needed for a read-only probe."""
     doc = {
@@ -156,3 +187,184 @@ def split_probe_output(stdout: str) -> tuple[str, dict[str, Any]]:
     if not isinstance(doc, dict):
         raise ValueError("probe answered something other than a JSON object")
     return facts, doc
+
+
+def read_probe(stdout: str) -> tuple[SystemFacts, dict[str, Any]]:
+    """The probe's output -> (the host facts, the script's JSON). ValueError when it is not the probe's."""
+    facts_text, raw = split_probe_output(stdout)
+    return parse_facts(facts_text), raw
+
+
+def facts_from_probe(
+    host: HostConfig,
+    system: SystemFacts,
+    raw: Mapping[str, Any],
+    *,
+    local_time: float,
+    elapsed_s: float,
+    lock_owner: Callable[[str], tuple[str | None, int | None]],
+    pid_alive: Callable[[int], bool],
+    local_hostname: str,
+) -> HostFacts:
+    """The probe's findings -> HostFacts. The format knowledge of other modules comes in as functions."""
+    u = system.unit
+    n_restarts = u.get("NRestarts")
+    unit = UnitFacts(
+        load_state=u.get("LoadState", ""),
+        active_state=u.get("ActiveState", ""),
+        sub_state=u.get("SubState", ""),
+        n_restarts=int(n_restarts) if isinstance(n_restarts, str) and n_restarts.isdigit() else None,
+        invocation_id=u.get("InvocationID", ""),
+    )
+    http = None
+    if "http" in raw:
+        h = raw["http"]
+        http = HttpFacts(status=h.get("status"), elapsed_s=h.get("elapsed_s"), error=h.get("error"))
+    gpu = None
+    if host.gpu_arch is not None:  # a GPU nobody expects is not looked at
+        rows = tuple((g.name, g.compute_cap) for g in system.gpus if g.compute_cap is not None)
+        gpu = GpuFacts(error=system.gpu_error) if system.gpu_error else GpuFacts(gpus=rows)
+    if "release_error" in raw:
+        drift = DriftFacts(error=f"no current release ({host.root}/current: {_strip_errno(raw['release_error'])})")
+    elif "manifest" in raw:
+        try:
+            manifest: Mapping[str, str] | None = {f.path: f.sha256 for f in Manifest.from_json(raw["manifest"]).files}
+            drift = DriftFacts(release=raw.get("release"), manifest=manifest, actual=raw.get("hashes") or {})
+        except (ValueError, KeyError, TypeError) as e:
+            drift = DriftFacts(release=raw.get("release"), error=f"manifest.json unreadable: {e}")
+    else:
+        drift = DriftFacts(release=raw.get("release"), error=f"manifest.json missing: {raw.get('manifest_error')}")
+    samples = []
+    for at, message in raw.get("parity_lines") or ():
+        parsed = parse_line(message)
+        if isinstance(parsed, ParityLine):
+            samples.append(ParitySample(at=float(at), line=parsed))
+    lock = LockFacts()
+    if "lock" in raw:
+        text = raw["lock"].get("text", "")
+        owner_host, owner_pid = lock_owner(text)
+        alive = pid_alive(owner_pid) if owner_pid is not None and owner_host == local_hostname else None
+        lock = LockFacts(
+            present=True,
+            age_s=raw["lock"].get("age_s"),
+            owner_host=owner_host,
+            owner_pid=owner_pid,
+            owner_alive=alive,
+            owner_text=text[:500],
+        )
+    return HostFacts(
+        host=host.name,
+        unit=unit,
+        http=http,
+        gpu=gpu,
+        drift=drift,
+        parity=tuple(samples),
+        parity_error=raw.get("journal_error"),
+        parity_token=parse_parity_env(raw.get("parity_env") or ""),
+        disk_free_mb=None if system.disk_avail_kb is None else system.disk_avail_kb / 1024,
+        lock=lock,
+        host_time=raw.get("host_time"),
+        local_time=local_time,
+        elapsed_s=elapsed_s,
+    )
+
+
+def _strip_errno(message: str) -> str:
+    """ "[Errno 2] No such file or directory: '/x'" -> "No such file or directory"."""
+    text = message.split("] ", 1)[-1]
+    return text.split(":", 1)[0]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def local_hostname() -> str:
+    return socket.gethostname()
+
+
+def lock_owner(text: str) -> tuple[str | None, int | None]:
+    """hoststate's owner.json -> (client hostname, pid); anything unreadable -> unknown owner."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    pid = doc.get("pid")
+    client = doc.get("client")
+    return (client if isinstance(client, str) else None), (pid if isinstance(pid, int) else None)
+
+
+def verify_probe(r: Remote, host: HostConfig) -> ProbeFacts:
+    """``--probe``'s I/O: mark the journal, send one probe request from the host (``health.probe_max_new_tokens``
+    new tokens: enough verify steps for one sampled parity step after the start's burst), then read the running
+    invocation's entries after the mark until every TP rank has printed a parity line or ``health.probe_wait_s``
+    has passed."""
+    mark = parse_mark(r.run(mark_command(host.unit), timeout=60).stdout)
+    client = ProbeClient(host, lambda: r)
+    try:
+        wave = client.wave(requests=1, max_new_tokens=host.health.probe_max_new_tokens)
+    except OpsError as e:
+        return ProbeFacts(error=e.message)
+    if wave.failed:
+        first = wave.failed[0]
+        return ProbeFacts(sent=1, error=first.error or first.kind, refused=first.refused)
+    ttft = wave.requests[0].ttft_s if wave.requests else None
+    lines: list[ParityLine] = []
+    cursor, t0 = mark.cursor, time.monotonic()
+    while True:
+        res = r.run(poll_command(host.unit, cursor), timeout=60, check=False)
+        for entry in parse_entries(res.stdout.partition(JOURNAL_SEPARATOR)[2]):
+            cursor = entry.cursor
+            parsed = parse_line(entry.message)
+            if entry.invocation == mark.old_invocation and isinstance(parsed, ParityLine):
+                lines.append(parsed)
+        ranks = {line.rank for line in lines}
+        waited = time.monotonic() - t0
+        if all(rank in ranks for rank in range(host.service.tp)) or waited >= host.health.probe_wait_s:
+            return ProbeFacts(sent=1, answered=1, ttft_s=ttft, lines=tuple(lines), waited_s=waited)
+        time.sleep(0.5)
+
+
+def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False, probe: bool = False) -> HostFacts:
+    """Probe one host in one SSH round trip (with ``probe``, and an HTTP API, a few more: :func:`verify_probe`).
+    Any SSH failure is an unreachable host, never an exception."""
+    from ..ssh.client import connect
+
+    t0 = time.monotonic()
+    verify = None
+    try:
+        with connect(host, accept_new_host_key=accept_new_host_key) as r:
+            res = r.run(probe_command(probe_params(host)), timeout=host.health.http_timeout_s + 60, check=True)
+            if probe and serves_http(host):
+                verify = verify_probe(r, host)
+        system, raw = read_probe(res.stdout)
+    except OpsError as e:
+        return unreachable_facts(host, e, time.monotonic() - t0)
+    except ValueError as e:
+        return unreachable_facts(
+            host, OpsError(f"{host.name}: health probe output unreadable: {e}"), time.monotonic() - t0
+        )
+    facts = facts_from_probe(
+        host,
+        system,
+        raw,
+        local_time=time.time(),
+        elapsed_s=time.monotonic() - t0,
+        lock_owner=lock_owner,
+        pid_alive=pid_alive,
+        local_hostname=local_hostname(),
+    )
+    return dataclasses.replace(facts, probe=verify)
+
+
+def unreachable_facts(host: HostConfig, error: OpsError | Exception, elapsed_s: float) -> HostFacts:
+    msg = error.message if isinstance(error, OpsError) else str(error)
+    return HostFacts(host=host.name, reachable=False, error=msg, local_time=time.time(), elapsed_s=elapsed_s)

@@ -20,7 +20,8 @@ from ..errors import OpsError, UsageError
 from ..host.facts import parse_systemctl_show
 from ..inventory import HostConfig
 from ..unit.systemctl import systemctl_argv
-from .checks import FINDING_EXIT_CODES, state_dir, write_atomic
+from .levels import FINDING_EXIT_CODES
+from .localstate import state_dir, write_atomic
 
 SERVICE = "opsctl-health.service"
 TIMER = "opsctl-health.timer"

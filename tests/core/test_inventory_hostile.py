@@ -12,7 +12,7 @@ import pytest
 from opsctl.cli.common import to_jsonable
 from opsctl.errors import InventoryError
 from opsctl.health import alerts
-from opsctl.health.checks import health_url
+from opsctl.health.probe import probe_params
 from opsctl.inventory import load, parse
 from opsctl.unit import unitfile as unit
 
@@ -83,7 +83,7 @@ def test_http_path_must_be_a_path(path: str) -> None:
 
 def test_http_path_is_joined_as_the_path_of_the_local_url() -> None:
     host = parse(inventory(health='http_path: "/@evil.example/health"'), "inv.yaml").host("a")
-    assert health_url(host) == "http://127.0.0.1:30000/@evil.example/health"
+    assert probe_params(host).http_url == "http://127.0.0.1:30000/@evil.example/health"
 
 
 @pytest.mark.parametrize(

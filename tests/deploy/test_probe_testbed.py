@@ -20,7 +20,9 @@ import pytest
 import yaml
 
 from opsctl import pipeline as d
-from opsctl.health import checks as hl
+from opsctl.health.checks import evaluate
+from opsctl.health.levels import Level
+from opsctl.health.probe import ssh_probe
 from opsctl.host import releaseroot as hs
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
@@ -246,8 +248,8 @@ def test_health_probe_passes_on_a_healthy_host_and_is_crit_when_the_verify_path_
     tb: HostConfig, good_tree: Path, good_id: str, tmp_path: Path
 ) -> None:
     ensure_good(tb, good_tree, good_id)
-    good = hl.evaluate(tb, hl.ssh_probe(tb, probe=True)).check("probe")
-    assert good is not None and good.level is hl.Level.OK, good
+    good = evaluate(tb, ssh_probe(tb, probe=True)).check("probe")
+    assert good is not None and good.level is Level.OK, good
     assert "from each of 2 rank(s) pass" in good.detail
     # A release whose rank 1 prints nothing (marked bad by the test above: forced), left running: staged, restarted
     # without a rollback.
@@ -257,8 +259,8 @@ def test_health_probe_passes_on_a_healthy_host_and_is_crit_when_the_verify_path_
         == "STAGED"
     )
     assert d.restart(tb).verdict == "FAIL"
-    bad = hl.evaluate(tb, hl.ssh_probe(tb, probe=True)).check("probe")
-    assert bad is not None and bad.level is hl.Level.CRIT, bad
+    bad = evaluate(tb, ssh_probe(tb, probe=True)).check("probe")
+    assert bad is not None and bad.level is Level.CRIT, bad
     assert "TP rank(s) 1 of 2 printed no fresh parity line" in bad.detail
     with connect(tb) as r:
         assert hs.read_snapshot(r, tb.root, tb.unit).current == make_manifest(silent).id

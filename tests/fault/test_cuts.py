@@ -21,7 +21,9 @@ import pytest
 from opsctl import pipeline
 from opsctl.errors import HostUnreachable
 from opsctl.fleet.rollout import LineReporter
-from opsctl.health import checks as hl
+from opsctl.health.checks import check_hosts
+from opsctl.health.levels import HostHealth, Level
+from opsctl.health.probe import ssh_probe
 from opsctl.host import releaseroot as hs
 from opsctl.inventory import HostConfig
 from opsctl.lock import hostlock
@@ -316,8 +318,8 @@ def test_an_expired_lease_is_taken_over_with_a_warning(hosts: list[HostConfig], 
 # ---------------------------------------------------------------------------------------------- health
 
 
-def _health(h: HostConfig) -> hl.HostHealth:
-    return hl.check_hosts([h], hl.ssh_probe).results[0]
+def _health(h: HostConfig) -> HostHealth:
+    return check_hosts([h], ssh_probe).results[0]
 
 
 def test_health_never_rolls_back_a_stopped_unit_or_an_old_nan(hosts: list[HostConfig], tmp_path: Path) -> None:
@@ -328,7 +330,7 @@ def test_health_never_rolls_back_a_stopped_unit_or_an_old_nan(hosts: list[HostCo
     try:
         stopped = _health(h)
         LEDGER.fault("tb2's unit stopped by an operator")
-        assert stopped.check("unit").level is hl.Level.WARN and not stopped.wants_rollback  # type: ignore[union-attr]
+        assert stopped.check("unit").level is Level.WARN and not stopped.wants_rollback  # type: ignore[union-attr]
     finally:
         with connect(h) as r:
             r.run(f"systemctl start {h.unit}.service", timeout=120)
@@ -344,7 +346,7 @@ def test_health_never_rolls_back_a_stopped_unit_or_an_old_nan(hosts: list[HostCo
     old_nan = _health(h)
     LEDGER.fault("tb2's running invocation printed a NaN line, then passing lines")
     parity = old_nan.check("parity")
-    assert parity is not None and parity.level is hl.Level.WARN and "earlier line failed" in parity.detail, parity
+    assert parity is not None and parity.level is Level.WARN and "earlier line failed" in parity.detail, parity
     assert not old_nan.wants_rollback
     LEDGER.verified("health: WARN, no rollback, for a stopped unit and for an old NaN line")
 
@@ -361,7 +363,7 @@ def test_health_rolls_back_on_real_evidence(hosts: list[HostConfig], tmp_path: P
     time.sleep(0.5)
     result = _health(h)
     LEDGER.fault("tb3 runs a release whose parity fails, started outside opsctl")
-    assert result.check("parity").level is hl.Level.CRIT and result.wants_rollback  # type: ignore[union-attr]
+    assert result.check("parity").level is Level.CRIT and result.wants_rollback  # type: ignore[union-attr]
     res = pipeline.rollback(h)
     assert res.verdict == "PASS", res.line()
     assert_one_release(read_end(h), before.current)

@@ -20,7 +20,9 @@ import pytest
 
 from opsctl.errors import InventoryError, UsageError
 from opsctl.fleet.rollout import Outcome, plan_rollout, run_rollout
-from opsctl.health import checks as hl
+from opsctl.health.checks import check_hosts
+from opsctl.health.levels import Level
+from opsctl.health.probe import ssh_probe
 from opsctl.inventory import HostConfig, parse
 from opsctl.release import make_manifest
 from opsctl.ssh.client import connect
@@ -272,8 +274,8 @@ def test_stale_lock_from_a_killed_opsctl(hosts: list[HostConfig], tmp_path: Path
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     LEDGER.fault(f"opsctl deploy tb2 killed with SIGKILL while holding the lock (pid {proc.pid})")
-    health = hl.check_hosts([h2], hl.ssh_probe).results[0].check("lock")
-    assert health is not None and health.level is hl.Level.CRIT and str(proc.pid) in health.detail
+    health = check_hosts([h2], ssh_probe).results[0].check("lock")
+    assert health is not None and health.level is Level.CRIT and str(proc.pid) in health.detail
     LEDGER.verified("health reports the stale lock of the dead opsctl")
     # The roll-out refuses tb2 (its lock is held) and goes on with the others.
     report = run_rollout(plan_rollout(hosts, canary="tb1", max_fail="34%"), deploy_action(tree), parallel=True)
@@ -308,12 +310,12 @@ def test_clock_skew_between_controller_and_hosts(
     LEDGER.fault("controller clock 3 h ahead of every host during the roll-out")
     report = run_rollout(plan_rollout(hosts, canary="tb1", batch=1), deploy_action(tree), parallel=True)
     assert report.ok, report.outcomes
-    skewed = hl.check_hosts(hosts, hl.ssh_probe).results
+    skewed = check_hosts(hosts, ssh_probe).results
     monkeypatch.undo()
     for r in skewed:
         clock = r.check("clock")
-        assert clock is not None and clock.level is hl.Level.WARN, clock
-        assert r.check("lock").level is hl.Level.OK  # type: ignore[union-attr]
+        assert clock is not None and clock.level is Level.WARN, clock
+        assert r.check("lock").level is Level.OK  # type: ignore[union-attr]
     after = ends(hosts)
     for name in ("tb1", "tb2", "tb3"):
         assert_deployed(after[name], new)  # type: ignore[arg-type]

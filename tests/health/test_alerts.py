@@ -13,7 +13,8 @@ import pytest
 
 from opsctl.errors import InventoryError
 from opsctl.health.alerts import Alert, AlertState, Delivery, _post_webhook, decide, notify, redact, send
-from opsctl.health.checks import HostHealth, evaluate
+from opsctl.health.checks import evaluate
+from opsctl.health.levels import HostHealth
 from opsctl.inventory import WebhookUrl
 
 from .hosts import inventory

@@ -99,7 +99,7 @@ def test_a_failed_alert_state_still_rolls_back_and_fails_the_run_with_its_own_co
 
     monkeypatch.setattr(cli_health, "_rollback", rollback)
     r = CliRunner().invoke(app(), ["health", "pair", "--json", "--rollback-on-fail", "-i", str(inv_file)])
-    assert r.exit_code == cli_health.hl.EXIT_HEALTH_ERROR == 3, r.output
+    assert r.exit_code == cli_health.EXIT_HEALTH_ERROR == 3, r.output
     doc = json.loads(r.stdout)
     assert doc["status"] == "crit" and doc["exit_code"] == 3 and "alert hook failed" in doc["error"]
     assert rolled == [["down1", "down2"]]
@@ -111,7 +111,7 @@ def test_a_crash_of_the_health_command_exits_3_as_json(inv_file: Path, monkeypat
     def boom(*_a: object, **_k: object) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(cli_health.hl, "check_hosts", boom)
+    monkeypatch.setattr(cli_health, "check_hosts", boom)
     r = CliRunner().invoke(app(), ["health", "pair", "--json", "-i", str(inv_file)])
     assert r.exit_code == 3
     assert json.loads(r.stdout) == {"error": "RuntimeError: bug", "exit_code": 3, "kind": "HealthCheckFailed"}

@@ -7,22 +7,10 @@ import math
 import pytest
 
 from opsctl.gate.lines import ParityLine, parse_line
-from opsctl.health.checks import (
-    CHECK_NAMES,
-    DriftFacts,
-    GpuFacts,
-    HostFacts,
-    HttpFacts,
-    Level,
-    LockFacts,
-    ParitySample,
-    PreviousRun,
-    UnitFacts,
-    evaluate,
-    exit_code,
-    restarts_since,
-    stale_lock_age_s,
-)
+from opsctl.health.checks import evaluate, restarts_since, stale_lock_age_s
+from opsctl.health.findings import DriftFacts, GpuFacts, HostFacts, HttpFacts, LockFacts, ParitySample, UnitFacts
+from opsctl.health.levels import CHECK_NAMES, Level, exit_code
+from opsctl.health.localstate import PreviousRun
 
 from .hosts import host
 

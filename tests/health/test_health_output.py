@@ -9,16 +9,10 @@ from pathlib import Path
 from rich.console import Console
 
 from opsctl.cli.render import details, render_prometheus, render_table, to_json
-from opsctl.health.checks import (
-    HealthHistory,
-    HostFacts,
-    HostHealth,
-    Level,
-    UnitFacts,
-    check_hosts,
-    evaluate,
-    write_atomic,
-)
+from opsctl.health.checks import check_hosts, evaluate
+from opsctl.health.findings import HostFacts, UnitFacts
+from opsctl.health.levels import HostHealth, Level
+from opsctl.health.localstate import HealthHistory, write_atomic
 
 from .hosts import inventory
 from .test_health_eval import REPLAY, healthy

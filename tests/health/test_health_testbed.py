@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.health import checks as hl
+from opsctl.health.checks import check_hosts
+from opsctl.health.levels import HostHealth, Level
+from opsctl.health.localstate import HealthHistory
+from opsctl.health.probe import ssh_probe
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import FileEntry, Manifest, release_id
 from opsctl.ssh.client import connect
@@ -61,8 +64,8 @@ def install_release(host: HostConfig, files: dict[str, str]) -> str:
     return manifest.id
 
 
-def check(host: HostConfig, history: hl.HealthHistory) -> hl.HostHealth:
-    return hl.check_hosts([host], hl.ssh_probe, history).results[0]
+def check(host: HostConfig, history: HealthHistory) -> HostHealth:
+    return check_hosts([host], ssh_probe, history).results[0]
 
 
 @pytest.fixture
@@ -76,11 +79,11 @@ def tb1(testbed: Inventory, tmp_path: Path) -> Iterator[HostConfig]:
 
 
 @pytest.fixture
-def history(tmp_path: Path) -> hl.HealthHistory:
-    return hl.HealthHistory(tmp_path / "health-history.jsonl")
+def history(tmp_path: Path) -> HealthHistory:
+    return HealthHistory(tmp_path / "health-history.jsonl")
 
 
-def test_healthy_host_then_drift_and_parity_failure(tb1: HostConfig, history: hl.HealthHistory) -> None:
+def test_healthy_host_then_drift_and_parity_failure(tb1: HostConfig, history: HealthHistory) -> None:
     release = install_release(tb1, {"kernel/a.cu": "// kernel\n", "backend/b.py": "x = 1\n"})
     install_unit(tb1, f"{PASS_LINES}; exec sleep infinity")
     time.sleep(0.5)  # journald has the line
@@ -88,9 +91,9 @@ def test_healthy_host_then_drift_and_parity_failure(tb1: HostConfig, history: hl
     ok = check(tb1, history)
     elapsed = time.monotonic() - t0
     levels = {c.name: c.level for c in ok.checks}
-    assert levels["unit"] is hl.Level.OK and levels["drift"] is hl.Level.OK and levels["parity"] is hl.Level.OK
+    assert levels["unit"] is Level.OK and levels["drift"] is Level.OK and levels["parity"] is Level.OK
     assert (
-        levels["http"] is hl.Level.SKIP and levels["gpu"] is hl.Level.SKIP
+        levels["http"] is Level.SKIP and levels["gpu"] is Level.SKIP
     )  # no HTTP port (replay mode), no GPU expected
     assert ok.release == release and ok.invocation_id
     print(f"health-check run time for one testbed host: {elapsed:.2f}s")
@@ -99,35 +102,35 @@ def test_healthy_host_then_drift_and_parity_failure(tb1: HostConfig, history: hl
     with connect(tb1) as r:
         r.run(f"echo '# hotfix' >> {shlex.quote(tb1.root)}/current/backend/b.py", timeout=30)
     drift = check(tb1, history).check("drift")
-    assert drift is not None and drift.level is hl.Level.CRIT and "backend/b.py" in drift.detail
+    assert drift is not None and drift.level is Level.CRIT and "backend/b.py" in drift.detail
 
     # a failing parity line from the current invocation (TP1) is CRIT; the earlier invocation's lines do not count
     install_unit(tb1, f"echo {shlex.quote(FAIL_LINE)}; exec sleep infinity")
     time.sleep(0.5)
     bad = check(tb1, history)
     parity = bad.check("parity")
-    assert parity is not None and parity.level is hl.Level.CRIT and "L56 TP1" in parity.detail
+    assert parity is not None and parity.level is Level.CRIT and "L56 TP1" in parity.detail
     assert bad.wants_rollback
 
 
-def test_crash_loop_is_crit_and_a_stopped_unit_a_warning(tb1: HostConfig, history: hl.HealthHistory) -> None:
+def test_crash_loop_is_crit_and_a_stopped_unit_a_warning(tb1: HostConfig, history: HealthHistory) -> None:
     install_unit(tb1, "exit 1", restart="always")
     time.sleep(1.5)
     unit = check(tb1, history).check("unit")
-    assert unit is not None and unit.level is hl.Level.CRIT
+    assert unit is not None and unit.level is Level.CRIT
     install_unit(tb1, "exec sleep infinity")
     first = check(tb1, history).check("unit")
-    assert first is not None and first.level is hl.Level.OK  # a manual restart reset NRestarts
+    assert first is not None and first.level is Level.OK  # a manual restart reset NRestarts
     with connect(tb1) as r:
         r.run(f"systemctl stop {tb1.unit}.service", timeout=60)
     stopped_run = check(tb1, history)
     stopped = stopped_run.check("unit")
     # An operator's stop (inactive, not failed) is not evidence against the release: WARN, never a rollback.
-    assert stopped is not None and stopped.level is hl.Level.WARN and "stopped" in stopped.detail
+    assert stopped is not None and stopped.level is Level.WARN and "stopped" in stopped.detail
     assert not stopped_run.wants_rollback
 
 
-def test_stale_lock_of_a_dead_opsctl_and_a_live_one(tb1: HostConfig, history: hl.HealthHistory) -> None:
+def test_stale_lock_of_a_dead_opsctl_and_a_live_one(tb1: HostConfig, history: HealthHistory) -> None:
     install_release(tb1, {"kernel/a.cu": "k\n"})
     gone = os.fork()
     if gone == 0:
@@ -145,34 +148,34 @@ def test_stale_lock_of_a_dead_opsctl_and_a_live_one(tb1: HostConfig, history: hl
         r.run(f"mkdir -p {shlex.quote(tb1.root)}/state/lock", timeout=30)
         r.write_file(f"{tb1.root}/state/lock/owner.json", json.dumps(owner))
     lock = check(tb1, history).check("lock")
-    assert lock is not None and lock.level is hl.Level.CRIT and f":{gone}" in lock.detail
+    assert lock is not None and lock.level is Level.CRIT and f":{gone}" in lock.detail
     with connect(tb1) as r:
         r.write_file(f"{tb1.root}/state/lock/owner.json", json.dumps({**owner, "pid": os.getpid()}))
     live = check(tb1, history).check("lock")
-    assert live is not None and live.level is hl.Level.OK and "in progress" in live.detail
+    assert live is not None and live.level is Level.OK and "in progress" in live.detail
 
 
-def test_unreachable_and_full_disk(testbed: Inventory, tb1: HostConfig, history: hl.HealthHistory) -> None:
+def test_unreachable_and_full_disk(testbed: Inventory, tb1: HostConfig, history: HealthHistory) -> None:
     from opsctl.testbed import Testbed
 
     tb = Testbed(Path(os.path.expanduser(tb1.known_hosts)).parent)
     tb.fill_disk("tb1")
     try:
         disk = check(tb1, history).check("disk")
-        assert disk is not None and disk.level is hl.Level.CRIT
+        assert disk is not None and disk.level is Level.CRIT
     finally:
         tb.free_disk("tb1")
     tb.stop_sshd("tb1")
     try:
         t0 = time.monotonic()
         down = check(tb1, history)
-        assert down.level is hl.Level.CRIT and down.check("ssh").level is hl.Level.CRIT  # type: ignore[union-attr]
+        assert down.level is Level.CRIT and down.check("ssh").level is Level.CRIT  # type: ignore[union-attr]
         assert time.monotonic() - t0 < tb1.connect_timeout_s + 5
     finally:
         tb.start_sshd("tb1")
 
 
-def test_hostile_http_path_is_data_not_shell(testbed: Inventory, tb1: HostConfig, history: hl.HealthHistory) -> None:
+def test_hostile_http_path_is_data_not_shell(testbed: Inventory, tb1: HostConfig, history: HealthHistory) -> None:
     # passes the inventory's shell checks ($ without "(", quotes, spaces) and would run `touch` if interpolated
     hostile = tb1.model_copy(
         update={
@@ -182,6 +185,6 @@ def test_hostile_http_path_is_data_not_shell(testbed: Inventory, tb1: HostConfig
     )
     install_unit(tb1, "exec sleep infinity")
     http = check(hostile, history).check("http")
-    assert http is not None and http.level is hl.Level.CRIT  # nothing listens on 39999
+    assert http is not None and http.level is Level.CRIT  # nothing listens on 39999
     with connect(tb1) as r:
         assert r.run("test -e /tmp/pwned", check=False).rc != 0

@@ -4,7 +4,9 @@ lines the running invocation printed after it, judged by the gate's rules. Pure:
 from __future__ import annotations
 
 from opsctl.gate.lines import ParityLine, parse_line
-from opsctl.health.checks import Level, ProbeFacts, check_probe
+from opsctl.health.checks import check_probe
+from opsctl.health.findings import ProbeFacts
+from opsctl.health.levels import Level
 
 from .hosts import host
 

@@ -11,7 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from opsctl.health.checks import Level, evaluate, facts_from_probe, lock_owner, pid_alive, probe_command, read_probe
+from opsctl.health.checks import evaluate
+from opsctl.health.levels import Level
+from opsctl.health.probe import facts_from_probe, lock_owner, pid_alive, probe_command, probe_params, read_probe
 from opsctl.release import FileEntry, Manifest, release_id
 
 from .hosts import host
@@ -37,7 +39,7 @@ def make_release(root: Path) -> Path:
 
 
 def probe_locally(h, path: str | None = None):  # type: ignore[no-untyped-def]
-    cmd = probe_command(h, python=sys.executable)
+    cmd = probe_command(probe_params(h), python=sys.executable)
     env = {**os.environ, "PATH": path} if path is not None else None
     out = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, timeout=60, check=True, env=env).stdout
     return read_probe(out)
