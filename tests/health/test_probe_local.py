@@ -1,5 +1,5 @@
-"""The probe script run as a local process on a scratch release root (no SSH): what it finds, and how the
-findings evaluate. The same script runs on testbed hosts over SSH in test_health_testbed.py."""
+"""The probe's host-side program run as a local process on a scratch release root (no SSH): what it finds, and how
+the findings evaluate. The same program runs on testbed hosts over SSH in test_health_testbed.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ from pathlib import Path
 
 from opsctl.health.checks import evaluate
 from opsctl.health.levels import Level
-from opsctl.health.probe import facts_from_probe, lock_owner, pid_alive, probe_command, probe_params, read_probe
+from opsctl.health.probe import (
+    facts_from_probe,
+    lock_owner,
+    pid_alive,
+    probe_command,
+    probe_params,
+    program_text,
+    read_probe,
+)
 from opsctl.release import FileEntry, Manifest, release_id
 
 from .hosts import host
@@ -41,7 +49,9 @@ def make_release(root: Path) -> Path:
 def probe_locally(h, path: str | None = None):  # type: ignore[no-untyped-def]
     cmd = probe_command(probe_params(h), python=sys.executable)
     env = {**os.environ, "PATH": path} if path is not None else None
-    out = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, timeout=60, check=True, env=env).stdout
+    out = subprocess.run(
+        ["/bin/sh", "-c", cmd], input=program_text(), capture_output=True, text=True, timeout=60, check=True, env=env
+    ).stdout
     return read_probe(out)
 
 

@@ -1,4 +1,5 @@
-"""The health probe's command: the facts probe first, then the script, handed the unit's invocation."""
+"""The health probe's command: the facts probe first, then the host-side program (its text on stdin), handed the
+unit's invocation."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kdtree_backend.wire import MARKER
 
 from opsctl.health import probe as hp
 from opsctl.host.facts import facts_command, parse_facts
@@ -21,9 +23,10 @@ def params(root: str, http_url: str | None = None) -> hp.ProbeParams:
 
 def test_probe_text_carries_the_facts_and_quoted_parameters() -> None:
     cmd = hp.probe_command(params(HOSTILE, "http://127.0.0.1:30000/health"))
-    assert cmd.startswith(f"F=$({facts_command(HOSTILE, 'u')}")
-    doc = json.loads(shlex.split(cmd.split(shlex.quote(hp.PROBE_SCRIPT), 1)[1])[0])
+    assert cmd.startswith(f"F=$(exec </dev/null\n{facts_command(HOSTILE, 'u')}")
+    doc = json.loads(shlex.split(cmd.rsplit("python3 - ", 1)[1])[0])
     assert doc["root"] == HOSTILE and doc["unit"] == "u" and doc["window"] == 600
+    assert doc["marker"] == MARKER and doc["max_lines"] == hp.MAX_PARITY_LINES
     assert doc["http_url"] == "http://127.0.0.1:30000/health"
 
 
@@ -33,7 +36,7 @@ def test_health_url_keeps_the_path_a_path() -> None:
 
 
 def test_probe_runs_locally_and_splits(tmp_path: Path) -> None:
-    out = sh(hp.probe_command(params(str(tmp_path)), python=sys.executable)).stdout
+    out = sh(hp.probe_command(params(str(tmp_path)), python=sys.executable), stdin=hp.program_text()).stdout
     facts_text, doc = hp.split_probe_output(out)
     assert parse_facts(facts_text).disk_path == str(tmp_path)
     assert "host_time" in doc and "release_error" in doc and "parity_lines" not in doc  # no unit: no invocation
