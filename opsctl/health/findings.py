@@ -6,8 +6,7 @@ opsctl.health.probe fills them in from the host; opsctl.health.checks judges the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from ..gate.lines import ParityLine
 
@@ -99,7 +98,3 @@ class HostFacts:
     local_time: float = 0.0  # local epoch seconds when the probe answered
     elapsed_s: float = 0.0
     probe: ProbeFacts | None = None  # None: no probe request was sent (not asked for, or no HTTP API)
-
-
-def as_dict(facts: HostFacts) -> dict[str, Any]:
-    return asdict(facts)
