@@ -162,15 +162,31 @@ def check_parity(
         return CheckResult("parity", Level.WARN, f"journal not readable: {error}")
     gate = GateState(settings=host.gate, started_at=0.0, deadline_s=window, expected_ranks=host.service.tp, token=token)
     counted = [s for s in sorted(samples, key=lambda s: s.at) if gate.ignored_reason(s.line) is None]
-    ignored = len(samples) - len(counted)
-    note = f"; {ignored} line(s) without this invocation's token ignored" if ignored else ""
+    note = ignored_note(len(samples) - len(counted))
     if not counted:
         return CheckResult("parity", Level.WARN, f"no parity line from this invocation in the last {window}s{note}")
-    k = host.gate.consecutive_passes
+    return _judge_parity(host, gate, counted, note)
+
+
+def ignored_note(ignored: int) -> str:
+    """The detail's tail that counts the lines left out for want of the invocation's token (none: nothing)."""
+    return f"; {ignored} line(s) without this invocation's token ignored" if ignored else ""
+
+
+def latest_per_rank(
+    counted: Sequence[ParitySample], k: int
+) -> tuple[dict[int | None, list[ParitySample]], list[ParitySample]]:
+    """Lines, oldest first -> (each rank's lines, the last ``k`` of each rank): the lines that decide."""
     by_rank: dict[int | None, list[ParitySample]] = {}
     for sample in counted:
         by_rank.setdefault(sample.line.rank, []).append(sample)
-    latest = [s for lines in by_rank.values() for s in lines[-k:]]
+    return by_rank, [s for lines in by_rank.values() for s in lines[-k:]]
+
+
+def _judge_parity(host: HostConfig, gate: GateState, counted: Sequence[ParitySample], note: str) -> CheckResult:
+    """The counted lines (oldest first, at least one) -> the parity check: a failing line among the latest is CRIT,
+    an older one WARN, a silent rank WARN; else the latest lines' worst level."""
+    by_rank, latest = latest_per_rank(counted, host.gate.consecutive_passes)
     levels = {id(s): _sample_level(gate, s) for s in counted}
     failing_now = [s for s in latest if levels[id(s)] is Level.CRIT]
     if failing_now:
@@ -184,20 +200,22 @@ def check_parity(
             release_bad=True,
         )
     failed_before = [s for s in counted if levels[id(s)] is Level.CRIT]
-    silent = [r for r in range(host.service.tp) if r not in by_rank]
-    newest = counted[-1]
     if failed_before:
         old = failed_before[-1]
         detail = (
             f"an earlier line failed ({old.label} rel={old.rel:.3g}); the latest {len(latest)} pass or are inconclusive"
         )
         return CheckResult("parity", Level.WARN, detail + note, old.rel)
+    silent = [r for r in range(host.service.tp) if r not in by_rank]
     if silent:
         return CheckResult(
-            "parity", Level.WARN, f"TP rank(s) {', '.join(map(str, silent))} printed no parity line in {window}s{note}"
+            "parity",
+            Level.WARN,
+            f"TP rank(s) {', '.join(map(str, silent))} printed no parity line in {host.health.parity_window_s}s{note}",
         )
     level = max((levels[id(s)] for s in latest), key=lambda lv: lv.severity)
     verdict = "pass" if level is Level.OK else "inconclusive"
+    newest = counted[-1]
     return CheckResult(
         "parity",
         level,
@@ -227,8 +245,7 @@ def check_probe(host: HostConfig, probe: ProbeFacts | None, token: str | None) -
         return CheckResult("probe", Level.CRIT, f"{what}: {probe.error}", release_bad=not probe.refused)
     gate = GateState(settings=host.gate, started_at=0.0, deadline_s=1.0, expected_ranks=host.service.tp, token=token)
     verdicts = [gate.feed(line, 0.0) for line in probe.lines]
-    ignored = verdicts.count(LineVerdict.IGNORED)
-    note = f"; {ignored} line(s) without this invocation's token ignored" if ignored else ""
+    note = ignored_note(verdicts.count(LineVerdict.IGNORED))
     ttft = f" (TTFT {probe.ttft_s * 1000:.0f} ms)" if probe.ttft_s is not None else ""
     failing = [line for line, v in zip(probe.lines, verdicts, strict=True) if v is LineVerdict.FAIL]
     if failing:

@@ -132,65 +132,95 @@ def facts_from_probe(
     local_hostname: str,
 ) -> HostFacts:
     """The probe's findings -> HostFacts. The format knowledge of other modules comes in as functions."""
+    return HostFacts(
+        host=host.name,
+        unit=unit_from_probe(system),
+        http=http_from_probe(raw),
+        gpu=gpu_from_probe(host, system),
+        drift=drift_from_probe(host, raw),
+        parity=parity_from_probe(raw),
+        parity_error=raw.get("journal_error"),
+        parity_token=parse_parity_env(raw.get("parity_env") or ""),
+        disk_free_mb=None if system.disk_avail_kb is None else system.disk_avail_kb / 1024,
+        lock=lock_from_probe(raw, lock_owner, pid_alive, local_hostname),
+        host_time=raw.get("host_time"),
+        local_time=local_time,
+        elapsed_s=elapsed_s,
+    )
+
+
+def unit_from_probe(system: SystemFacts) -> UnitFacts:
+    """The unit's state from the facts' ``systemctl show`` (an NRestarts that is not a number is unknown)."""
     u = system.unit
     n_restarts = u.get("NRestarts")
-    unit = UnitFacts(
+    return UnitFacts(
         load_state=u.get("LoadState", ""),
         active_state=u.get("ActiveState", ""),
         sub_state=u.get("SubState", ""),
         n_restarts=int(n_restarts) if isinstance(n_restarts, str) and n_restarts.isdigit() else None,
         invocation_id=u.get("InvocationID", ""),
     )
-    http = None
-    if "http" in raw:
-        h = raw["http"]
-        http = HttpFacts(status=h.get("status"), elapsed_s=h.get("elapsed_s"), error=h.get("error"))
-    gpu = None
-    if host.gpu_arch is not None:  # a GPU nobody expects is not looked at
-        rows = tuple((g.name, g.compute_cap) for g in system.gpus if g.compute_cap is not None)
-        gpu = GpuFacts(error=system.gpu_error) if system.gpu_error else GpuFacts(gpus=rows)
+
+
+def http_from_probe(raw: Mapping[str, Any]) -> HttpFacts | None:
+    """The health endpoint's answer; None when the program asked none (replay mode)."""
+    if "http" not in raw:
+        return None
+    h = raw["http"]
+    return HttpFacts(status=h.get("status"), elapsed_s=h.get("elapsed_s"), error=h.get("error"))
+
+
+def gpu_from_probe(host: HostConfig, system: SystemFacts) -> GpuFacts | None:
+    """The GPUs nvidia-smi listed; None when the host expects none (a GPU nobody expects is not looked at)."""
+    if host.gpu_arch is None:
+        return None
+    if system.gpu_error:
+        return GpuFacts(error=system.gpu_error)
+    return GpuFacts(gpus=tuple((g.name, g.compute_cap) for g in system.gpus if g.compute_cap is not None))
+
+
+def drift_from_probe(host: HostConfig, raw: Mapping[str, Any]) -> DriftFacts:
+    """The current release's files as found against its manifest, or why they cannot be compared."""
     if "release_error" in raw:
-        drift = DriftFacts(error=f"no current release ({host.root}/current: {_strip_errno(raw['release_error'])})")
-    elif "manifest" in raw:
-        try:
-            manifest: Mapping[str, str] | None = {f.path: f.sha256 for f in Manifest.from_json(raw["manifest"]).files}
-            drift = DriftFacts(release=raw.get("release"), manifest=manifest, actual=raw.get("hashes") or {})
-        except (ValueError, KeyError, TypeError) as e:
-            drift = DriftFacts(release=raw.get("release"), error=f"manifest.json unreadable: {e}")
-    else:
-        drift = DriftFacts(release=raw.get("release"), error=f"manifest.json missing: {raw.get('manifest_error')}")
+        return DriftFacts(error=f"no current release ({host.root}/current: {_strip_errno(raw['release_error'])})")
+    if "manifest" not in raw:
+        return DriftFacts(release=raw.get("release"), error=f"manifest.json missing: {raw.get('manifest_error')}")
+    try:
+        manifest: Mapping[str, str] | None = {f.path: f.sha256 for f in Manifest.from_json(raw["manifest"]).files}
+    except (ValueError, KeyError, TypeError) as e:
+        return DriftFacts(release=raw.get("release"), error=f"manifest.json unreadable: {e}")
+    return DriftFacts(release=raw.get("release"), manifest=manifest, actual=raw.get("hashes") or {})
+
+
+def parity_from_probe(raw: Mapping[str, Any]) -> tuple[ParitySample, ...]:
+    """The invocation's marked journal lines that parse as parity lines, with their journal time."""
     samples = []
     for at, message in raw.get("parity_lines") or ():
         parsed = parse_line(message)
         if isinstance(parsed, ParityLine):
             samples.append(ParitySample(at=float(at), line=parsed))
-    lock = LockFacts()
-    if "lock" in raw:
-        text = raw["lock"].get("text", "")
-        owner_host, owner_pid = lock_owner(text)
-        alive = pid_alive(owner_pid) if owner_pid is not None and owner_host == local_hostname else None
-        lock = LockFacts(
-            present=True,
-            age_s=raw["lock"].get("age_s"),
-            owner_host=owner_host,
-            owner_pid=owner_pid,
-            owner_alive=alive,
-            owner_text=text[:500],
-        )
-    return HostFacts(
-        host=host.name,
-        unit=unit,
-        http=http,
-        gpu=gpu,
-        drift=drift,
-        parity=tuple(samples),
-        parity_error=raw.get("journal_error"),
-        parity_token=parse_parity_env(raw.get("parity_env") or ""),
-        disk_free_mb=None if system.disk_avail_kb is None else system.disk_avail_kb / 1024,
-        lock=lock,
-        host_time=raw.get("host_time"),
-        local_time=local_time,
-        elapsed_s=elapsed_s,
+    return tuple(samples)
+
+
+def lock_from_probe(
+    raw: Mapping[str, Any],
+    lock_owner: Callable[[str], tuple[str | None, int | None]],
+    pid_alive: Callable[[int], bool],
+    local_hostname: str,
+) -> LockFacts:
+    """The deploy lock and its owner; whether the owner lives is known only when it runs on this machine."""
+    if "lock" not in raw:
+        return LockFacts()
+    text = raw["lock"].get("text", "")
+    owner_host, owner_pid = lock_owner(text)
+    alive = pid_alive(owner_pid) if owner_pid is not None and owner_host == local_hostname else None
+    return LockFacts(
+        present=True,
+        age_s=raw["lock"].get("age_s"),
+        owner_host=owner_host,
+        owner_pid=owner_pid,
+        owner_alive=alive,
+        owner_text=text[:500],
     )
 
 
