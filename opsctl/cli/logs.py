@@ -20,7 +20,7 @@ from ..inventory import HostConfig
 from ..journal.query import message_text
 from . import common
 from .common import escape_brackets as escape
-from .parityview import VERDICT_STYLE, LineJudge, fmt, json_num, parity_table
+from .parityview import LineJudge, fmt, json_num, parity_table, verdict_style
 
 console = common.out
 
@@ -149,7 +149,7 @@ class _LogPrinter:
             rank = f"TP{p.rank} " if p.rank is not None else ""
             what = f"{rank}L{p.layer} max_abs_diff={fmt(p.max_abs_diff)} mean={fmt(p.mean)} rel={fmt(p.rel)}"
         v = judged.verdict
-        console.print(f"{when} {what} [{VERDICT_STYLE.get(v, '')}]{v}[/]", highlight=False)
+        console.print(f"{when} {what} [{verdict_style(v)}]{v}[/]", highlight=False)
 
     def flush(self) -> None:
         if self.parity:

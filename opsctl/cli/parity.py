@@ -18,8 +18,7 @@ from ..gate.lines import TOKEN_RE as _TOKEN_RE
 from ..gate.parity_check import BLOCK_BYTES, InputFormat, JournalReader, ParityCheck, check_entries
 from ..inventory import GateSettings
 from . import common
-
-STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "IGNORED": "dim", "NODATA": "red"}
+from .parityview import verdict_style
 
 app = typer.Typer(
     help="Parity lines outside a deploy: check a journal offline, replay stored captures.", no_args_is_help=True
@@ -92,7 +91,7 @@ def _print(check: ParityCheck, all_invocations: bool) -> None:
             tok = f" token {b['token']}" if b["token"] else ""
             out.print(
                 f"invocation {b['index']} (lines {b['first_line']}-{b['last_line']}{tok}): "
-                f"[{STYLE.get(v, '')}]{v}[/] {escape(str(b['reason']))} "
+                f"[{verdict_style(v)}]{v}[/] {escape(str(b['reason']))} "
                 f"({b['counted']} counted, {b['ignored']} ignored)",
                 soft_wrap=True,
             )
@@ -101,7 +100,7 @@ def _print(check: ParityCheck, all_invocations: bool) -> None:
         v = str(j.verdict)
         where = f" {j.line.where}" if j.line is not None else ""
         late = " [dim](after the gate had decided)[/]" if j.after_decision else ""
-        out.print(f"line {c.number:>5}{where}: [{STYLE.get(v, '')}]{v}[/] {escape(j.reason)}{late}", soft_wrap=True)
+        out.print(f"line {c.number:>5}{where}: [{verdict_style(v)}]{v}[/] {escape(j.reason)}{late}", soft_wrap=True)
     if inv.counted_unlisted:
         out.print(f"[dim]... {inv.counted_unlisted} more counted lines not listed[/]")
     listed_ignored = sum(1 for c in check.lines if c.judgement.verdict is LineVerdict.IGNORED)
@@ -129,7 +128,7 @@ def _print(check: ParityCheck, all_invocations: bool) -> None:
         which = "the one invocation seen"
     token = "checked (given)" if check.token_given else ("checked (the invocation's own)" if st.token else "none seen")
     out.print(
-        f"gate: [{STYLE.get(str(st.verdict), '')}]{st.verdict}[/] {escape(st.reason)} "
+        f"gate: [{verdict_style(st.verdict)}]{st.verdict}[/] {escape(st.reason)} "
         f"(judged {which}; {st.lines} parity lines counted, {inv.ignored} ignored; pass rel <= {s.pass_rel:g}, "
         f"fail rel >= {s.fail_rel:g}, {s.consecutive_passes} consecutive passes per rank, "
         f"{'TP ' + str(st.expected_ranks) if st.expected_ranks else 'ranks as seen'}, token {escape(token)})",

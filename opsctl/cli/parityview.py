@@ -14,19 +14,31 @@ import math
 from rich.table import Table
 from rich.text import Text
 
-from ..gate.decision import GateState, Judgement, LineVerdict, judge, judge_record
+from ..gate.decision import GateState, Judgement, LineVerdict, Verdict, judge, judge_record
 from ..gate.lines import ParityLine
 from ..inventory import HostConfig
 
-VERDICT_STYLE = {
-    "PASS": "bold green",
-    "FAIL": "bold red",
-    "INCONCLUSIVE": "yellow",
-    "NODATA": "red",
-    "ERROR": "bold red",
-    "UNPROVEN": "yellow",
-    "IGNORED": "dim",
+# A line's verdict (LineVerdict), the gate's (Verdict) and a command's (DeployVerdict) share their words (PASS,
+# FAIL, ...): each is shown in the colour of its word, whichever of the three it is.
+_STYLE: dict[str, str] = {
+    LineVerdict.PASS: "bold green",
+    LineVerdict.FAIL: "bold red",
+    LineVerdict.INCONCLUSIVE: "yellow",
+    LineVerdict.IGNORED: "dim",
+    Verdict.NODATA: "red",
+    Verdict.ERROR: "bold red",
+    Verdict.UNPROVEN: "yellow",
 }
+
+
+def verdict_style(verdict: str) -> str:
+    """The rich style of a verdict, a LineVerdict, Verdict or DeployVerdict (each a StrEnum: its word); none for
+    the successes that are not a PASS (STAGED, ADOPTED, ...)."""
+    return _STYLE.get(verdict, "")
+
+
+def verdict_text(verdict: str) -> Text:
+    return Text(verdict, style=verdict_style(verdict))
 
 
 class LineJudge:
@@ -69,10 +81,6 @@ def fmt(x: float) -> str:
 
 def json_num(x: float) -> float | str:
     return x if math.isfinite(x) else str(x)
-
-
-def verdict_text(verdict: str) -> Text:
-    return Text(verdict, style=VERDICT_STYLE.get(verdict, ""))
 
 
 def parity_table(judgements: list[Judgement], title: str = "", times: list[str] | None = None) -> Table:

@@ -15,10 +15,11 @@ from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TaskID,
 from rich.text import Text
 
 from .. import pipeline
+from ..gate.decision import Verdict
 from ..gate.lines import ParityLine
 from . import common
 from .common import escape_brackets as escape
-from .parityview import VERDICT_STYLE, fmt
+from .parityview import fmt, verdict_style
 
 console = common.out
 
@@ -32,7 +33,7 @@ class _Seconds(ProgressColumn):
 
 
 # A step whose detail starts with a verdict (the gate's "FAIL: reason") shows that outcome, not a green check.
-_OUTCOME = re.compile(r"^(PASS|FAIL|NODATA|INCONCLUSIVE|ERROR|UNPROVEN)\b")
+_OUTCOME = re.compile(rf"^({'|'.join(v for v in Verdict if v is not Verdict.PENDING)})\b")
 _SWITCH_TO = re.compile(r"current -> (\S+)")
 
 
@@ -99,7 +100,7 @@ class RichReporter:
 
     def done(self, name: str, detail: str = "") -> None:
         outcome = _OUTCOME.match(detail)
-        if outcome and outcome.group(1) != "PASS":
+        if outcome and Verdict(outcome.group(1)) is not Verdict.PASS:
             self._finish(name, "[red]✗[/]", detail)
         else:
             self._finish(name, "[green]✓[/]", detail)
@@ -112,7 +113,7 @@ class RichReporter:
 
     def parity(self, line: ParityLine, verdict: str) -> None:
         rank = f" TP{line.rank}" if line.rank is not None else ""
-        style = VERDICT_STYLE.get(verdict, "")
+        style = verdict_style(verdict)
         label = f" {escape(self.label)}" if self.label else ""
         self.progress.console.print(
             f"  parity{label} L{line.layer}{rank} rel={fmt(line.rel)} max_abs_diff={fmt(line.max_abs_diff)} [{style}]{verdict}[/]",

@@ -6,12 +6,11 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
-from rich.text import Text
 
 from ..host import history as host_history
 from ..host import views as hostinfo
 from . import common
-from .parityview import VERDICT_STYLE
+from .parityview import verdict_text
 
 console = common.out
 
@@ -39,7 +38,7 @@ def releases_command(
             )
             if on
         ]
-        v = verdicts.get(rid, {})
+        last = verdicts.get(rid)
         rows.append(
             {
                 "id": rid,
@@ -47,8 +46,8 @@ def releases_command(
                 "commit": info.get(rid, {}).get("commit"),
                 "dirty": info.get(rid, {}).get("dirty"),
                 "flags": flags,
-                "verdict": v.get("verdict"),
-                "verdict_at": v.get("at"),
+                "verdict": last.verdict if last else None,
+                "verdict_at": last.at if last else None,
             }
         )
     if as_json:
@@ -59,13 +58,12 @@ def releases_command(
         table.add_column(col)
     for row in rows:
         commit = (row["commit"] or "-")[:10] + ("+dirty" if row["dirty"] else "")
-        verdict = row["verdict"] or "-"
         table.add_row(
             row["id"],
             row["created"],
             commit,
             ", ".join(row["flags"]),
-            Text(verdict, style=VERDICT_STYLE.get(verdict, "")),
+            verdict_text(row["verdict"]) if row["verdict"] else "-",
         )
     console.print(table)
 

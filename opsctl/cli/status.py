@@ -12,7 +12,7 @@ from ..inventory import HostConfig
 from ..lock import hostlock
 from ..pipeline.result import describe_restart_times, last_restart_times
 from . import common
-from .parityview import VERDICT_STYLE, LineJudge, counted, json_num, latest_per_rank_and_layer, parity_table
+from .parityview import LineJudge, counted, json_num, latest_per_rank_and_layer, parity_table, verdict_style
 
 console = common.out
 
@@ -57,7 +57,7 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
     judged = [j for j in map(line_judge.message, view.parity_messages) if j is not None]
     evidence = counted(judged)
     latest = latest_per_rank_and_layer(evidence)
-    last = next((x for x in reversed(hist) if x.get("verdict")), None)
+    last = next((x for x in reversed(hist) if x.verdict is not None), None)
     restart_times = last_restart_times(hist)
     doc = {
         "host": host,
@@ -72,7 +72,7 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
         "current": snap.current,
         "last_good": snap.last_good,
         "bad": sorted(snap.bad),
-        "last_verdict": last,
+        "last_verdict": last.as_json() if last else None,
         "last_restart": restart_times,
         "lock": hostlock.describe_owner(snap.lock_owner) if snap.lock_present else None,
         "free_mb": snap.free_mb,
@@ -99,10 +99,9 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
     )
     if not snap.is_managed:
         console.print("[yellow]not managed by opsctl (adopt or deploy first)[/]")
-    if last:
-        v = str(last.get("verdict"))
+    if last and last.verdict:
         console.print(
-            f"last verdict: [{VERDICT_STYLE.get(v, '')}]{v}[/] ({last.get('event')} {last.get('release')} at {last.get('at')})",
+            f"last verdict: [{verdict_style(last.verdict)}]{last.verdict}[/] ({last.event} {last.release} at {last.at})",
             highlight=False,
         )
     if restart_times:

@@ -28,6 +28,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from ..errors import OpsError, SshError, UsageError
+from ..host.history import DeployVerdict
 from ..inventory import HostConfig
 from .fanout import run_on_hosts
 
@@ -285,15 +286,21 @@ def outcome_from_result(result: DeployResult) -> HostOutcome:
     verdict = str(result.verdict)
     if result.rolled_back_to:
         verdict += f", rolled back to {result.rolled_back_to}: {result.rollback_verdict or '?'}"
-    unproven = str(result.verdict) == "UNPROVEN"
     return HostOutcome(
         host=result.host,
-        outcome=Outcome.OK if result.ok else Outcome.UNPROVEN if unproven else Outcome.FAILED,
+        outcome=_outcome_of(result),
         release=result.current_after or result.release,
         verdict=verdict,
         elapsed_s=result.elapsed_s,
         detail=result.reason,
     )
+
+
+def _outcome_of(result: DeployResult) -> Outcome:
+    if result.ok:
+        return Outcome.OK
+    # No verify traffic is no verdict on the release: it does not count against max-fail.
+    return Outcome.UNPROVEN if result.verdict is DeployVerdict.UNPROVEN else Outcome.FAILED
 
 
 def deploy_action(src: object, opts: object, emit: Progress, **kwargs: object) -> Action:

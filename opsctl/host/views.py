@@ -19,6 +19,7 @@ from ..unit import systemctl as unit_commands
 from . import history as host_history
 from . import releaseroot as hs
 from . import releaseroot as layout_commands
+from .history import HistoryEvent, HistoryRecord
 
 SERVICE_ACTIONS = ("start", "stop", "status")
 T = TypeVar("T")
@@ -55,7 +56,7 @@ def _with_host(host: HostConfig, fn: Callable[[Remote], T]) -> T:
 @dataclass(frozen=True)
 class ReleasesView:
     snap: hs.HostSnapshot
-    history: list[dict[str, Any]]
+    history: list[HistoryRecord]
     meta: dict[str, dict[str, Any]]  # release -> created_at, commit, dirty (from its manifest)
 
 
@@ -73,7 +74,7 @@ def read_releases(host: HostConfig) -> ReleasesView:
 @dataclass(frozen=True)
 class StatusView:
     snap: hs.HostSnapshot
-    history: list[dict[str, Any]]
+    history: list[HistoryRecord]
     # The running invocation's journal messages with the marker, oldest first, for the gate's judge to read: its
     # own lines, forgeries and the marker inside other messages alike.
     parity_messages: list[str]
@@ -132,7 +133,7 @@ def read_lock(host: HostConfig, *, break_it: bool = False) -> hs.HostSnapshot:
         snap = hs.read_snapshot(r, host.root, host.unit)
         if break_it and snap.lock_present:
             hostlock.release_lock(r, layout, None)
-            host_history.append_history(r, layout, {"event": "lock-break", "owner": snap.lock_owner})
+            host_history.append_history(r, layout, HistoryRecord(HistoryEvent.LOCK_BREAK, owner=snap.lock_owner))
         return snap
 
     return _with_host(host, act)

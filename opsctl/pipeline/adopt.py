@@ -18,7 +18,7 @@ from ..inventory import HostConfig
 from ..lock.hostlock import LockOwner
 from ..ssh.session import Connect, default_connect
 from .report import Reporter
-from .result import DeployResult, DeployVerdict, HistoryRecord
+from .result import DeployResult, DeployVerdict, HistoryEvent, HistoryRecord
 from .runner import Run, Step, execute, lock_step
 from .steps import snapshot
 
@@ -108,7 +108,7 @@ def _record(found: _Found) -> Step:
         hs.set_last_good(r, run.layout, rid)
         run.record(
             HistoryRecord(
-                event="adopt",
+                event=HistoryEvent.ADOPT,
                 release=rid,
                 verdict=DeployVerdict.ADOPTED,
                 unit=snap.unit.fragment_path,
@@ -133,5 +133,5 @@ def adopt(host: HostConfig, reporter: Reporter | None = None, *, connect: Connec
         lock_step(lambda run: f"adopt {found.release}"),
         _record(found),
     ]
-    with Run.open(host, "adopt", reporter, connect) as run:
+    with Run.open(host, HistoryEvent.ADOPT, reporter, connect) as run:
         return execute(run, steps)

@@ -21,7 +21,7 @@ from ..unit import unitfile as unitmod
 from . import prerestart as checks
 from .plan import DeployOptions, make_plan
 from .report import ParityRecorder, Reporter
-from .result import DeployResult, DeployVerdict, HistoryRecord
+from .result import DeployResult, DeployVerdict, HistoryEvent, HistoryRecord
 from .rollback import undo_restart
 from .runner import Concluded, Rejected, Run, Step, execute, lock_step
 from .signals import interruptible
@@ -65,7 +65,7 @@ def _start_record(manifest: Manifest) -> Step:
         assert owner is not None, "the start is recorded under the lock"
         run.record(
             HistoryRecord(
-                event="deploy-start",
+                event=HistoryEvent.DEPLOY_START,
                 release=manifest.id,
                 previous=run.previous,
                 by=f"{owner.user}@{owner.client}",
@@ -139,7 +139,11 @@ def _staged(manifest: Manifest) -> Step:
     """--no-restart: `current` is switched, the running service picks it up at its next restart."""
 
     def run_(run: Run) -> None:
-        run.record(HistoryRecord(event="deploy", release=manifest.id, verdict="STAGED", reason="--no-restart"))
+        run.record(
+            HistoryRecord(
+                event=HistoryEvent.DEPLOY, release=manifest.id, verdict=DeployVerdict.STAGED, reason="--no-restart"
+            )
+        )
         run.committed = True
         raise Concluded(
             DeployVerdict.STAGED,
@@ -154,10 +158,10 @@ def _record_pass(manifest: Manifest) -> Step:
         run.call(lambda r: hs.set_last_good(r, run.layout, manifest.id))
         run.record(
             HistoryRecord(
-                event="deploy",
+                event=HistoryEvent.DEPLOY,
                 release=manifest.id,
                 previous=run.previous,
-                verdict="PASS",
+                verdict=DeployVerdict.PASS,
                 gate=run.result.gate,
             )
         )
@@ -214,5 +218,5 @@ def deploy(
 ) -> DeployResult:
     """Deploy the tree at ``src`` to ``host`` and gate it; every outcome is a ``DeployResult`` or an OpsError."""
     manifest = make_manifest(src)
-    with Run.open(host, "deploy", reporter, connect, opts, release=manifest.id) as run:
+    with Run.open(host, HistoryEvent.DEPLOY, reporter, connect, opts, release=manifest.id) as run:
         return execute(run, deploy_steps(src, manifest, command))

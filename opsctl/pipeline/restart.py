@@ -10,7 +10,7 @@ from ..inventory import HostConfig
 from ..ssh.session import Connect, default_connect
 from .plan import DeployOptions
 from .report import Reporter
-from .result import DeployResult, DeployVerdict, HistoryRecord
+from .result import DeployResult, DeployVerdict, HistoryEvent, HistoryRecord
 from .rollback import rollback_if_failed_step
 from .runner import Run, Step, execute, lock_step
 from .signals import interruptible
@@ -32,7 +32,9 @@ def _restart_preflight() -> Step:
 def _record_restart() -> Step:
     def run_(run: Run) -> None:
         release = run.result.release or ""
-        run.record(HistoryRecord(event="restart", release=release, verdict=run.result.verdict, gate=run.result.gate))
+        run.record(
+            HistoryRecord(event=HistoryEvent.RESTART, release=release, verdict=run.result.verdict, gate=run.result.gate)
+        )
         if run.result.verdict is DeployVerdict.PASS:
             run.call(lambda r: hs.set_last_good(r, run.layout, release))
 
@@ -61,5 +63,5 @@ def restart(
 ) -> DeployResult:
     """Restart the current release and gate it; with ``rollback_on_fail`` a failed gate rolls back."""
     opts = DeployOptions(gate_timeout_s=gate_timeout_s)
-    with Run.open(host, "restart", reporter, connect, opts) as run:
+    with Run.open(host, HistoryEvent.RESTART, reporter, connect, opts) as run:
         return execute(run, restart_steps(rollback_on_fail))

@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..errors import DeployFailed
 from ..gate.decision import Verdict
 from ..host import history as host_history
@@ -22,14 +20,14 @@ from ..unit import systemctl as unit_commands
 from ..unit import unitfile
 from .plan import DeployOptions
 from .report import Reporter
-from .result import DeployResult, DeployVerdict, HistoryRecord
+from .result import DeployResult, DeployVerdict, HistoryEvent, HistoryRecord, NoRollback
 from .runner import Run, Step, execute, lock_step
 from .signals import interruptible
 from .steps import gate_step, require_managed, restart_step, snapshot, switch_step, unit_step
 from .watch import gate_detail, restart_unit, run_gate
 
 
-def rollback_target(snap: HostSnapshot, to: str | None, force: bool, history: list[dict[str, Any]]) -> str:
+def rollback_target(snap: HostSnapshot, to: str | None, force: bool, history: list[HistoryRecord]) -> str:
     """Where `opsctl rollback` goes: --to ID, else the newest good release other than current. Pure."""
     if to is not None:
         hs.check_id(to)
@@ -40,7 +38,9 @@ def rollback_target(snap: HostSnapshot, to: str | None, force: bool, history: li
         if to == snap.current:
             raise DeployFailed(f"release {to} is already current")
         return to
-    passed = [r["release"] for r in history if r.get("verdict") == "PASS" or r.get("event") == "adopt"]
+    passed = [
+        r.release for r in history if r.release and (r.verdict is DeployVerdict.PASS or r.event is HistoryEvent.ADOPT)
+    ]
     candidates = [r for r in reversed(passed) if r != snap.current and r in snap.releases and r not in snap.bad]
     if (
         snap.last_good
@@ -64,7 +64,7 @@ def restore_previous(run: Run, target: str | None, failed: str) -> None:
     if target is None:
         with run.timer.timed(run.reporter, "rollback", "nothing to roll back to: stopping the unit"):
             run.r.run(unit_commands.action_argv("stop", host.unit), timeout=300, check=False)
-        result.rolled_back_to, result.rollback_verdict = None, "unit stopped"
+        result.rolled_back_to, result.rollback_verdict = None, NoRollback.UNIT_STOPPED
         return
     with run.timer.timed(run.reporter, "rollback", f"current -> {target}") as note:
         run.call(lambda r: hs.switch_current(r, layout, target))
@@ -78,13 +78,14 @@ def restore_previous(run: Run, target: str | None, failed: str) -> None:
             run.session, host, mark, run.reporter, deadline_s=max(run.opts.gate_timeout_s or 0.0, host.gate.deadline_s)
         )
         note["detail"] = gate_detail(gate)
-    result.rolled_back_to, result.rollback_verdict = target, str(gate.verdict)
+    verdict = DeployVerdict.from_gate(gate.verdict)
+    result.rolled_back_to, result.rollback_verdict = target, verdict
     run.record(
         HistoryRecord(
-            event="rollback",
+            event=HistoryEvent.ROLLBACK,
             release=target,
             rolled_back_from=failed,
-            verdict=str(gate.verdict),
+            verdict=verdict,
             gate=gate.summary(),
             automatic=True,
         )
@@ -150,7 +151,7 @@ def _record_rollback(gated: bool, force: bool) -> Step:
             run.call(lambda r: hs.set_last_good(r, run.layout, target))
         run.record(
             HistoryRecord(
-                event="rollback",
+                event=HistoryEvent.ROLLBACK,
                 release=target,
                 rolled_back_from=run.previous,
                 verdict=run.result.verdict,
@@ -189,5 +190,5 @@ def rollback(
 ) -> DeployResult:
     """Switch back to an earlier release (never a bad one unless forced), restart, gate."""
     opts = DeployOptions(gate_timeout_s=gate_timeout_s)
-    with Run.open(host, "rollback", reporter, connect, opts) as run:
+    with Run.open(host, HistoryEvent.ROLLBACK, reporter, connect, opts) as run:
         return execute(run, rollback_steps(to, force, gate))

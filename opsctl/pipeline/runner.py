@@ -42,7 +42,7 @@ from ..lock.lease import LeaseKeeper, take_lock
 from ..ssh.session import Connect, DeployRemote, Session
 from .plan import DeployOptions
 from .report import NullReporter, Reporter, StepTimer
-from .result import DeployResult, DeployVerdict, HistoryRecord
+from .result import DeployResult, DeployVerdict, HistoryEvent, HistoryRecord
 from .signals import interruption, signals_held
 
 T = TypeVar("T")
@@ -116,7 +116,7 @@ class Run:
         return self.session.call(fn)
 
     def record(self, record: HistoryRecord) -> None:
-        self.call(lambda r: host_history.append_history(r, self.layout, record.as_json()))
+        self.call(lambda r: host_history.append_history(r, self.layout, record))
 
     def conclude(self, verdict: DeployVerdict, reason: str) -> None:
         self.result.verdict, self.result.reason = verdict, reason
@@ -126,7 +126,7 @@ class Run:
     def open(
         cls,
         host: HostConfig,
-        action: str,
+        action: HistoryEvent,
         reporter: Reporter | None,
         connect: Connect,
         opts: DeployOptions | None = None,

@@ -93,7 +93,7 @@ def gate_step() -> Step:
         gate = run_gate(run.session, run.host, run.mark, run.reporter, deadline_s=run.opts.gate_timeout_s)
         run.gate = gate
         run.result.gate = gate.summary()
-        run.conclude(DeployVerdict(str(gate.verdict)), gate.reason)
+        run.conclude(DeployVerdict.from_gate(gate.verdict), gate.reason)
         return gate_detail(gate)
 
     return Step("gate", run_)
@@ -110,7 +110,7 @@ def gate_or_reject_step() -> Step:
         assert gate is not None
         if gate.verdict is not Verdict.PASS:
             raise Rejected(
-                DeployVerdict(str(gate.verdict)),
+                DeployVerdict.from_gate(gate.verdict),
                 gate.reason,
                 record_reason=f"gate {gate.verdict}: {gate.reason}",
                 gate=gate.summary(),

@@ -47,7 +47,7 @@ def test_group_deploy_parallel_then_status_and_rollback(testbed: Inventory, tmp_
         snap, history = state(h)
         assert snap.current == second_id and snap.last_good == second_id
         assert snap.unit.active_state == "active" and not snap.lock_present
-        assert [e.get("verdict") for e in history if e.get("event") == "deploy"][-2:] == ["PASS", "PASS"]
+        assert [e.verdict for e in history if e.event == "deploy"][-2:] == ["PASS", "PASS"]
 
     st = opsctl("status", "fleet", "--json")
     assert st.returncode == 0, st.stderr

@@ -4,11 +4,14 @@ and a fleet's failure budget. Pure: no host, no clock."""
 
 from __future__ import annotations
 
+import json
+
 from opsctl.errors import EXIT_UNPROVEN, GateFailed
 from opsctl.fleet.rollout import HostOutcome, Outcome, outcome_from_result, plan_rollout, run_rollout
 from opsctl.gate.decision import NO_TRAFFIC_REASON, GateState, Traffic, UnitObservation, Verdict
 from opsctl.gate.lines import ParityLine
 from opsctl.gate.traffic import RequestOutcome, Wave
+from opsctl.host.history import HistoryEvent, parse_history
 from opsctl.inventory import GateSettings, HostConfig
 from opsctl.pipeline.result import DeployResult, DeployVerdict, describe_restart_times, last_restart_times
 
@@ -229,7 +232,7 @@ def test_an_unproven_canary_stops_the_roll_out() -> None:
 
 
 def test_status_reads_the_newest_probed_restart_from_the_history() -> None:
-    history = [
+    lines = [
         {"event": "deploy", "release": "r1", "verdict": "PASS", "at": "t1", "gate": {"elapsed_s": 9.0}},
         {
             "event": "deploy",
@@ -247,8 +250,10 @@ def test_status_reads_the_newest_probed_restart_from_the_history() -> None:
         },
         {"event": "deploy-start", "release": "r3", "at": "t4"},
     ]
+    history = parse_history("\n".join(json.dumps(doc) for doc in lines))
     times = last_restart_times(history)
-    assert times is not None and (times["event"], times["release"], times["ready_after_s"]) == ("rollback", "r1", 3.2)
+    assert times is not None and (times.event, times.release, times.ready_after_s) == (HistoryEvent.ROLLBACK, "r1", 3.2)
+    assert times.verdict is DeployVerdict.PASS
     assert describe_restart_times(times) == (
         "ready 3.2s after the restart, verdict PASS 0.8s later (4.0s after the restart); rollback r1 at t3"
     )

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from opsctl.errors import DeployFailed
-from opsctl.host.history import parse_history
+from opsctl.host.history import HistoryEvent, HistoryRecord, parse_history
 from opsctl.host.releaseroot import Layout, parse_snapshot, select_for_removal, snapshot_command
 from opsctl.lock.hostlock import describe_owner
 
@@ -90,7 +90,7 @@ def test_layout_refuses_bad_ids() -> None:
 
 def test_parse_history_skips_torn_lines() -> None:
     text = json.dumps({"event": "deploy", "release": "r1"}) + "\n" + '{"event": "dep'
-    assert parse_history(text) == [{"event": "deploy", "release": "r1"}]
+    assert parse_history(text) == [HistoryRecord(HistoryEvent.DEPLOY, "r1")]
 
 
 def test_lock_lease_as_opsctl_lock_shows_it() -> None:
@@ -103,3 +103,37 @@ def test_lock_lease_as_opsctl_lock_shows_it() -> None:
     assert expired.lock_stale and "lease expired 30s ago" in lease_text(expired)
     rebooted = parse_snapshot("lock_present=1\nlock_boot=b0\nboot_id=b1\nnow=1000\nlock_lease=1090\n")
     assert rebooted.lock_stale and "before the host last booted" in lease_text(rebooted)
+
+
+def test_history_lines_read_back_typed_and_write_the_same_bytes() -> None:
+    """A history file written before the records were typed reads into HistoryRecords, and each record writes its
+    line back byte for byte (json.dumps with sorted keys, as append_history writes it)."""
+    from opsctl.gate.decision import Verdict
+    from opsctl.host.history import DeployVerdict
+
+    old = [
+        '{"at": "2026-06-01T10:00:00Z", "by": "ops@laptop", "event": "deploy-start", "previous": "r00000000000a", '
+        '"release": "r00000000000b"}',
+        '{"at": "2026-06-01T10:05:00Z", "current": "r00000000000a", "event": "deploy", "gate": {"lines": 3, '
+        '"verdict": "FAIL", "worst": {"rel": "nan"}}, "previous": "r00000000000a", "reason": "gate FAIL: nan", '
+        '"release": "r00000000000b", "verdict": "FAIL"}',
+        '{"at": "2026-06-01T10:06:00Z", "automatic": true, "event": "rollback", "from": "r00000000000b", '
+        '"release": "r00000000000a", "verdict": "PASS"}',
+        '{"at": "2026-06-01T10:07:00Z", "event": "lock-break", "owner": {"pid": 7, "user": "ops"}}',
+        '{"at": "2026-06-01T10:08:00Z", "dirty": false, "event": "adopt", "files": 12, "release": "r0-00000000000c", '
+        '"unit": "/etc/systemd/system/x.service", "verdict": "ADOPTED"}',
+    ]
+    records = parse_history("\n".join(old))
+    assert [json.dumps(r.as_json(), sort_keys=True) for r in records] == old
+    assert records[1].verdict is DeployVerdict.FAIL and records[2].rolled_back_from == "r00000000000b"
+    assert records[3].event is HistoryEvent.LOCK_BREAK and records[3].release is None and records[4].files == 12
+    # Not records: a verdict or event this opsctl does not know, JSON that is no object, a torn line. A key it
+    # does not know is left out; a value of the wrong type reads as unset.
+    skipped = ['{"event": "deploy", "verdict": "MAYBE"}', '{"event": "reboot"}', "[1, 2]", '{"event": "dep']
+    odd = parse_history("\n".join([*skipped, '{"event": "deploy", "release": 7, "note": "x", "files": true}']))
+    assert odd == [HistoryRecord(HistoryEvent.DEPLOY)]
+    assert {DeployVerdict.from_gate(v) for v in Verdict if v is not Verdict.PENDING} == {
+        DeployVerdict(v.value) for v in Verdict if v is not Verdict.PENDING
+    }
+    with pytest.raises(ValueError, match="not decided"):
+        DeployVerdict.from_gate(Verdict.PENDING)

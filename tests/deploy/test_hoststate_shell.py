@@ -1,6 +1,7 @@
 """hoststate's shell snippets run for real in a local shell against a temp release root."""
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,12 +34,14 @@ def test_layout_snapshot_switch_history(root: hs.Layout) -> None:
     assert not [p for p in os.listdir(root.root) if p.startswith(".current.tmp")]
     hs.mark_bad(r, root, A, "gate FAIL")
     hs.set_last_good(r, root, B)
-    host_history.append_history(r, root, {"event": "deploy", "release": B, "verdict": "PASS", "note": 'it\'s "quoted" $HOME `x`'})
+    quoted = 'it\'s "quoted" $HOME `x`'
+    record = host_history.HistoryRecord(host_history.HistoryEvent.DEPLOY, B, host_history.DeployVerdict.PASS, quoted)
+    host_history.append_history(r, root, record)
     snap = hs.read_snapshot(r, root.root, "nonexistent-unit-xyz")
     assert snap.is_managed and snap.current == B and snap.bad == {A} and snap.last_good == B
     assert set(snap.releases) == {A, B}
     hist = host_history.read_history(r, root)
-    assert hist[-1]["note"] == 'it\'s "quoted" $HOME `x`' and hist[-1]["at"]
+    assert hist[-1].reason == quoted and hist[-1].at and hist[-1] == replace(record, at=hist[-1].at)
 
 
 def test_switch_to_missing_release_fails(root: hs.Layout) -> None:

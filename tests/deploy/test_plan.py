@@ -3,6 +3,7 @@ from dataclasses import replace
 import pytest
 
 from opsctl.errors import DeployFailed
+from opsctl.host.history import DeployVerdict, HistoryEvent, HistoryRecord
 from opsctl.host.releaseroot import HostSnapshot, UnitInfo
 from opsctl.inventory import HostConfig, ServiceSettings
 from opsctl.pipeline import DeployOptions, make_plan, rollback_target
@@ -106,8 +107,8 @@ def test_bad_release_with_force_and_up_to_date() -> None:
 
 def test_rollback_target() -> None:
     history = [
-        {"event": "deploy", "release": "r00000000000a", "verdict": "PASS"},
-        {"event": "deploy", "release": OLD, "verdict": "PASS"},
+        HistoryRecord(HistoryEvent.DEPLOY, "r00000000000a", DeployVerdict.PASS),
+        HistoryRecord(HistoryEvent.DEPLOY, OLD, DeployVerdict.PASS),
     ]
     s = snap(current=OLD, last_good=OLD)
     assert rollback_target(s, None, False, history) == "r00000000000a"

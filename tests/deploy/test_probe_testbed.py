@@ -135,7 +135,7 @@ def test_a_good_release_passes_through_its_own_probes_with_no_other_traffic(
     assert any(i.startswith("probe wave 1: ") for i in rec.infos)
     snap, history = state(tb)
     assert snap.current == snap.last_good == good_id and snap.unit.active_state == "active"
-    assert history[-1]["verdict"] == "PASS" and history[-1]["gate"]["probe"] == probe
+    assert history[-1].verdict == "PASS" and history[-1].gate["probe"] == probe
     assert_no_key(rec.infos, res.line(), history)
     measure("good release", res)
 
@@ -150,7 +150,7 @@ def test_the_seed_bug_fails_on_the_probe_driven_lines_and_is_rolled_back(
     assert res.rolled_back_to == good_id and res.rollback_verdict == "PASS"
     snap, history = state(tb)
     assert snap.current == good_id and make_manifest(bad).id in snap.bad and snap.unit.active_state == "active"
-    assert history[-1]["event"] == "rollback" and history[-1]["gate"]["probe"]["answered"] >= 1  # its own probes
+    assert history[-1].event == "rollback" and history[-1].gate["probe"]["answered"] >= 1  # its own probes
     measure("classic bug", res)
 
 
@@ -169,7 +169,7 @@ def test_probe_disabled_on_an_idle_host_is_unproven_not_bad_and_a_redeploy_is_ac
     assert res.rolled_back_to == good_id
     snap, history = state(tb)
     assert snap.current == good_id and rid not in snap.bad and snap.unit.active_state == "active"
-    assert [h["verdict"] for h in history[-2:]] == ["UNPROVEN", res.rollback_verdict]
+    assert [h.verdict for h in history[-2:]] == ["UNPROVEN", res.rollback_verdict]
     again = d.deploy(tb, tree, d.DeployOptions(skip_prerestart_parity=True))  # accepted: not marked bad
     assert again.verdict == "PASS", again.line()
 

@@ -136,13 +136,13 @@ def test_a_rejected_release_is_marked_bad_recorded_and_every_started_step_undone
     snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == {NEW} and not snap.lock_present
     last = host_history.read_history(LocalRemote(), layout)[-1]
-    assert (last["event"], last["release"], last["verdict"], last["reason"]) == (
+    assert (last.event, last.release, last.verdict, last.reason) == (
         "deploy",
         NEW,
         "FAIL",
         "gate FAIL: L3 rel=0.9",
     )
-    assert (last["previous"], last["current"], last["gate"]) == (OLD, OLD, {"passes": 0})
+    assert (last.previous, last.current, last.gate) == (OLD, OLD, {"passes": 0})
 
 
 def test_concluded_ends_the_run_without_undo(host: HostConfig) -> None:
@@ -162,7 +162,7 @@ def test_an_error_before_the_restart_switches_back_records_and_goes_on(host: Hos
     snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == set() and not snap.lock_present  # not a verdict on the release
     last = host_history.read_history(LocalRemote(), layout)[-1]
-    assert (last["verdict"], last["reason"]) == ("ERROR", "build broke")
+    assert (last.verdict, last.reason) == ("ERROR", "build broke")
 
 
 def test_an_error_once_restarted_restores_and_ends_in_error_with_the_release_marked_bad(host: HostConfig) -> None:
@@ -190,7 +190,7 @@ def test_an_interrupt_restores_records_interrupted_and_goes_on(host: HostConfig)
     assert done == ["restart", "gate", "undo gate", "undo restart", "undo switch"]
     snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == set() and not snap.lock_present
-    assert host_history.read_history(LocalRemote(), layout)[-1]["verdict"] == "INTERRUPTED"
+    assert host_history.read_history(LocalRemote(), layout)[-1].verdict == "INTERRUPTED"
 
 
 def test_after_the_commit_nothing_is_undone(host: HostConfig) -> None:
@@ -244,4 +244,4 @@ def test_an_unproven_release_is_undone_and_recorded_but_not_marked_bad(host: Hos
     snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == set() and not snap.lock_present  # a redeploy is not refused
     last = host_history.read_history(LocalRemote(), layout)[-1]
-    assert (last["release"], last["verdict"], last["reason"]) == (NEW, "UNPROVEN", f"gate UNPROVEN: {reason}")
+    assert (last.release, last.verdict, last.reason) == (NEW, "UNPROVEN", f"gate UNPROVEN: {reason}")

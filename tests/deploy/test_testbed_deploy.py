@@ -147,7 +147,7 @@ def test_good_release_passes_and_redeploy_moves_little(
     snap = assert_healthy(tb1, good_id)
     assert snap.last_good == good_id and good_id not in snap.bad
     _, history = state(tb1)
-    assert history[-1]["verdict"] == "PASS" and history[-1]["release"] == good_id
+    assert history[-1].verdict == "PASS" and history[-1].release == good_id
     # The unit runs from <root>/current, not from a release path.
     with connect(tb1) as r:
         unit = r.read_file(f"/etc/systemd/system/{tb1.unit}.service").decode()
@@ -191,8 +191,8 @@ def test_classic_bug_fails_gate_and_rolls_back(tb1: HostConfig, good_tree: Path,
     snap = assert_healthy(tb1, good_id)
     assert bad_id in snap.bad and snap.last_good == good_id
     _, history = state(tb1)
-    assert [h.get("verdict") for h in history[-2:]] == ["FAIL", "PASS"]
-    assert history[-2]["release"] == bad_id and history[-1]["event"] == "rollback"
+    assert [h.verdict for h in history[-2:]] == ["FAIL", "PASS"]
+    assert history[-2].release == bad_id and history[-1].event == "rollback"
     # Deploying it again is refused (marked bad) unless forced.
     with pytest.raises(DeployFailed, match="marked bad"):
         d.deploy(tb1, bad, d.DeployOptions(skip_prerestart_parity=True))
@@ -217,7 +217,7 @@ def test_classic_bug_caught_before_restart(tb1: HostConfig, good_tree: Path, goo
     assert make_manifest(bad).id in snap.bad
     assert snap.bad_reasons[make_manifest(bad).id] == res.reason
     _, history = state(tb1)
-    assert history[-1]["verdict"] == "FAIL" and history[-1]["stage"] == "pre-restart parity"  # not ERROR
+    assert history[-1].verdict == "FAIL" and history[-1].stage == "pre-restart parity"  # not ERROR
     # A redeploy is refused for the reason it is bad, not "a failed gate".
     with pytest.raises(DeployFailed, match="marked bad there \\(pre-restart parity L"):
         d.deploy(tb1, bad, d.DeployOptions())
@@ -233,7 +233,7 @@ def test_build_failure_switches_nothing(tb1: HostConfig, good_tree: Path, good_i
     snap = assert_healthy(tb1, good_id)
     assert snap.unit.invocation_id == before.unit.invocation_id
     _, history = state(tb1)
-    assert history[-1]["verdict"] == "ERROR" and history[-1]["release"] == make_manifest(tree).id
+    assert history[-1].verdict == "ERROR" and history[-1].release == make_manifest(tree).id
 
 
 def test_crash_loop_rolls_back(tb1: HostConfig, good_tree: Path, good_id: str, tmp_path: Path) -> None:
@@ -340,7 +340,7 @@ def test_sigint_mid_deploy_releases_lock(tb2: HostConfig, good_tree: Path, good_
     snap = assert_healthy(tb2, good_id)  # lock released, current unchanged
     assert snap.unit.invocation_id == before.unit.invocation_id
     _, history = state(tb2)
-    assert history[-1]["verdict"] == "INTERRUPTED" and history[-1]["current"] == good_id
+    assert history[-1].verdict == "INTERRUPTED" and history[-1].current == good_id
 
 
 def test_ssh_cut_during_gate_resumes(
@@ -458,7 +458,7 @@ def test_adopt_then_deploy_then_rollback_to_release_zero(hand_made: HostConfig, 
     zero = adopted.release
     assert adopted.verdict == "ADOPTED" and zero and zero.startswith("r0-")
     snap, history = state(host)
-    assert snap.current == zero and snap.last_good == zero and history[-1]["event"] == "adopt"
+    assert snap.current == zero and snap.last_good == zero and history[-1].event == "adopt"
     assert snap.unit.active_state == "active"
     res = d.deploy(host, good_tree, d.DeployOptions())
     assert res.verdict == "PASS", res.line()

@@ -103,7 +103,7 @@ class HostEnd:
     sub_state: str
     invocation_id: str
     n_restarts: int
-    history: tuple[dict[str, Any], ...]
+    history: tuple[host_history.HistoryRecord, ...]
     lock_present: bool
     lock_owner: dict[str, Any] | None
     bad: frozenset[str]
@@ -112,7 +112,7 @@ class HostEnd:
     def running(self) -> bool:
         return self.active_state == "active" and self.sub_state == "running"
 
-    def records_since(self, before: HostEnd) -> tuple[dict[str, Any], ...]:
+    def records_since(self, before: HostEnd) -> tuple[host_history.HistoryRecord, ...]:
         return self.history[len(before.history) :]
 
 
@@ -162,7 +162,7 @@ def assert_deployed(after: HostEnd, release: str) -> None:
     assert after.current == release, f"{after.host}: current {after.current}, expected {release}"
     assert after.running, f"{after.host}: unit {after.active_state}/{after.sub_state}"
     assert not after.lock_present, f"{after.host}: lock left behind: {after.lock_owner}"
-    last = [r for r in after.history if r.get("event") == "deploy" and r.get("release") == release]
+    last = [r for r in after.history if r.event == "deploy" and r.release == release]
     assert last and last[-1].get("verdict") == "PASS", f"{after.host}: no PASS record for {release}"
     assert release not in after.bad
     LEDGER.verified(f"{after.host} on {release}")
@@ -174,7 +174,7 @@ def assert_not_switched(before: HostEnd, after: HostEnd, release: str) -> None:
     assert after.running, f"{after.host}: unit {after.active_state}/{after.sub_state}"
     assert after.invocation_id == before.invocation_id, f"{after.host}: the service was restarted"
     assert not after.lock_present, f"{after.host}: lock left behind: {after.lock_owner}"
-    assert not any(r.get("verdict") == "PASS" and r.get("release") == release for r in after.records_since(before))
+    assert not any(r.verdict == "PASS" and r.release == release for r in after.records_since(before))
     LEDGER.verified(f"{after.host} not switched")
 
 
@@ -185,7 +185,7 @@ def assert_rolled_back(before: HostEnd, after: HostEnd, release: str) -> None:
     assert not after.lock_present, f"{after.host}: lock left behind: {after.lock_owner}"
     assert release in after.bad, f"{after.host}: {release} not marked bad"
     new = after.records_since(before)
-    assert any(r.get("release") == release and r.get("verdict") not in (None, "PASS") for r in new), new
+    assert any(r.release == release and r.verdict not in (None, "PASS") for r in new), new
     LEDGER.verified(f"{after.host} rolled back from {release}")
 
 

@@ -70,7 +70,7 @@ class Lines(LineReporter):
         self.log.append(message)
 
 
-def history_since(host: HostConfig, before: int) -> list[dict[str, Any]]:
+def history_since(host: HostConfig, before: int) -> list[pipeline.HistoryRecord]:
     return list(read_end(host).history[before:])
 
 
@@ -183,8 +183,8 @@ def test_ssh_cut_during_the_restart_restores_the_old_release(hosts: list[HostCon
     assert running_release(h) == before.current  # not the new one, left running behind current's back
     assert new in after.bad
     records = after.records_since(before)
-    assert any(r.get("release") == new and r.get("verdict") == "ERROR" for r in records), records
-    assert any(r.get("event") == "rollback" and r.get("verdict") == "PASS" for r in records), records
+    assert any(r.release == new and r.verdict == "ERROR" for r in records), records
+    assert any(r.event == "rollback" and r.verdict == "PASS" for r in records), records
 
 
 def _opsctl_deploy(h: HostConfig, tree: Path, tmp_path: Path, gate_deadline: int) -> subprocess.Popen[str]:
@@ -241,9 +241,9 @@ def test_a_signal_during_the_gate_restores_the_old_release(
     assert_one_release(after, before.current)
     assert running_release(h) == before.current
     records = after.records_since(before)
-    assert any(r.get("release") == new and r.get("verdict") == "INTERRUPTED" for r in records), records
-    rollback = [r for r in records if r.get("event") == "rollback"]
-    assert rollback and rollback[-1]["verdict"] == "PASS", records
+    assert any(r.release == new and r.verdict == "INTERRUPTED" for r in records), records
+    rollback = [r for r in records if r.event == "rollback"]
+    assert rollback and rollback[-1].verdict == "PASS", records
 
 
 def test_a_lost_reply_to_the_lock_does_not_leak_it(hosts: list[HostConfig], tmp_path: Path) -> None:

@@ -96,8 +96,8 @@ def test_host_powered_off_during_its_upload_then_converges(hosts: list[HostConfi
     tb2 = wait_running(by_name(hosts)["tb2"])
     # Powered off with the lock taken and nothing switched: the old release came back up by itself.
     assert tb2.current == before["tb2"].current and tb2.running  # type: ignore[attr-defined]
-    starts = [r for r in tb2.records_since(before["tb2"]) if r.get("event") == "deploy-start"]  # type: ignore[arg-type]
-    assert starts and starts[-1]["release"] == new
+    starts = [r for r in tb2.records_since(before["tb2"]) if r.event == "deploy-start"]  # type: ignore[arg-type]
+    assert starts and starts[-1].release == new
     LEDGER.verified("tb2 consistent after power loss mid-upload")
     # Re-running the roll-out for tb2 converges (a lock from before the reboot is taken over as stale).
     again = run_rollout(plan_rollout([by_name(hosts)["tb2"]]), deploy_action(tree))
@@ -115,9 +115,9 @@ def _third_line_before_decision(host: HostConfig, release: str) -> None:
     invocation (the replay prints its ranks one after another) was logged before the PASS record. (A line
     counted twice after a reconnect would let the gate pass one line early.)"""
     end = read_end(host)
-    rec = [r for r in end.history if r.get("event") == "deploy" and r.get("release") == release][-1]
+    rec = [r for r in end.history if r.event == "deploy" and r.release == release][-1]
     k = host.gate.consecutive_passes * host.service.tp
-    assert rec["gate"]["pass"] == k and rec["gate"]["lines"] == k, rec["gate"]
+    assert rec.gate["pass"] == k and rec.gate["lines"] == k, rec.gate
     with connect(host) as r:
         out = r.run(
             f"journalctl -u {host.unit}.service _SYSTEMD_INVOCATION_ID={end.invocation_id} -o json "
@@ -130,8 +130,8 @@ def _third_line_before_decision(host: HostConfig, release: str) -> None:
         if isinstance(e.get("MESSAGE"), str) and "[kdtree] L" in e["MESSAGE"]
     ]
     assert len(times) >= k
-    decided = time.mktime(time.strptime(rec["at"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
-    assert times[k - 1] <= decided + 1.0, (times[:k], rec["at"])
+    decided = time.mktime(time.strptime(rec.at, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    assert times[k - 1] <= decided + 1.0, (times[:k], rec.at)
 
 
 def test_ssh_cut_as_the_gate_starts_resumes_with_the_same_verdict(hosts: list[HostConfig], tmp_path: Path) -> None:

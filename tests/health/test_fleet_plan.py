@@ -18,6 +18,7 @@ from opsctl.fleet.rollout import (
     plan_rollout,
     run_rollout,
 )
+from opsctl.host.history import DeployVerdict
 from opsctl.inventory import HostConfig
 
 from .hosts import inventory
@@ -196,20 +197,26 @@ def test_outcome_from_a_deploy_result_shape() -> None:
     @dataclass
     class Result:  # the fields of opsctl.pipeline.DeployResult that the roll-out reads
         host: str
-        verdict: str
+        verdict: DeployVerdict
         ok: bool
         release: str | None = "rNEW"
         current_after: str | None = None
         rolled_back_to: str | None = None
-        rollback_verdict: str | None = None
+        rollback_verdict: DeployVerdict | None = None
         reason: str = ""
         elapsed_s: float = 3.0
 
-    good = outcome_from_result(Result("h1", "PASS", True, current_after="rNEW"))
+    good = outcome_from_result(Result("h1", DeployVerdict.PASS, True, current_after="rNEW"))
     assert good.outcome is Outcome.OK and good.release == "rNEW" and good.elapsed_s == 3.0
     bad = outcome_from_result(
         Result(
-            "h2", "FAIL", False, current_after="rOLD", rolled_back_to="rOLD", rollback_verdict="PASS", reason="rel 1.08"
+            "h2",
+            DeployVerdict.FAIL,
+            False,
+            current_after="rOLD",
+            rolled_back_to="rOLD",
+            rollback_verdict=DeployVerdict.PASS,
+            reason="rel 1.08",
         )
     )
     assert bad.outcome is Outcome.FAILED and bad.release == "rOLD"
