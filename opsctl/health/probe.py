@@ -31,9 +31,7 @@ from ..gate.traffic import ProbeClient, serves_http
 from ..host.facts import SystemFacts, facts_command, parse_facts
 from ..host.releaseroot import parse_parity_env
 from ..inventory import HostConfig
-from ..journal.follower import parse_entries, parse_mark
-from ..journal.query import SEPARATOR as JOURNAL_SEPARATOR
-from ..journal.query import mark_command, poll_command
+from ..journal.query import mark_command, parse_mark, parse_poll, poll_command
 from ..release import Manifest
 from ..ssh.remote import Remote
 from .findings import DriftFacts, GpuFacts, HostFacts, HttpFacts, LockFacts, ParitySample, ProbeFacts, UnitFacts
@@ -276,7 +274,7 @@ def verify_probe(r: Remote, host: HostConfig) -> ProbeFacts:
     cursor, t0 = mark.cursor, time.monotonic()
     while True:
         res = r.run(poll_command(host.unit, cursor), timeout=60, check=False)
-        for entry in parse_entries(res.stdout.partition(JOURNAL_SEPARATOR)[2]):
+        for entry in parse_poll(res.stdout)[1]:
             cursor = entry.cursor
             parsed = parse_line(entry.message)
             if entry.invocation == mark.old_invocation and isinstance(parsed, ParityLine):
