@@ -40,6 +40,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import InventoryError, OpsError, UsageError
+from ..gate.decision import json_float
 from ..inventory import ENV_VAR, HostConfig, Inventory
 from ..inventory import default_path as inventory_path
 from ..inventory import load as load_inventory
@@ -190,6 +191,10 @@ def host_and_action(
 
 
 def to_jsonable(obj: Any) -> Any:
+    """``obj`` as JSON can carry it: models and dataclasses as objects, paths as text, NaN and the infinities by
+    name (``json_float``, the one place opsctl turns them)."""
+    if isinstance(obj, float):
+        return json_float(obj)
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

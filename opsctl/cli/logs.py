@@ -20,7 +20,7 @@ from ..inventory import HostConfig
 from ..journal.query import message_text
 from . import common
 from .common import escape_brackets as escape
-from .parityview import LineJudge, fmt, json_num, parity_table, verdict_style
+from .parityview import LineJudge, fmt, parity_table, verdict_style
 
 console = common.out
 
@@ -115,7 +115,7 @@ class _LogPrinter:
         self.matched += 1
         when = _fmt_time(stamp)
         if self.as_json:
-            sys.stdout.write(json.dumps(_log_json(when, msg, rec, judged), default=str) + "\n")
+            sys.stdout.write(json.dumps(common.to_jsonable(_log_json(when, msg, rec, judged)), default=str) + "\n")
             sys.stdout.flush()
         elif judged is not None and not console.is_terminal:
             self._journal_line(msg, stamp)
@@ -190,9 +190,9 @@ def _log_json(when: str, msg: str, rec: KdtreeLine | None, judged: Judgement | N
             out.update(
                 layer=rec.layer,
                 rank=rec.rank,
-                max_abs_diff=json_num(rec.max_abs_diff),
-                mean=json_num(rec.mean),
-                rel=json_num(rec.rel),
+                max_abs_diff=rec.max_abs_diff,
+                mean=rec.mean,
+                rel=rec.rel,
                 extra=rec.extra,
             )
         out["verdict"] = judged.verdict

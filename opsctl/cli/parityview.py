@@ -79,10 +79,6 @@ def fmt(x: float) -> str:
     return f"{x:.4g}" if math.isfinite(x) else str(x)
 
 
-def json_num(x: float) -> float | str:
-    return x if math.isfinite(x) else str(x)
-
-
 def parity_table(judgements: list[Judgement], title: str = "", times: list[str] | None = None) -> Table:
     """One row a judged line: its rank, layer and figures (``-`` for a marker inside another message) and the
     gate's verdict."""

@@ -12,7 +12,7 @@ from ..inventory import HostConfig
 from ..lock import hostlock
 from ..pipeline.result import describe_restart_times, last_restart_times
 from . import common
-from .parityview import LineJudge, counted, json_num, latest_per_rank_and_layer, parity_table, verdict_style
+from .parityview import LineJudge, counted, latest_per_rank_and_layer, parity_table, verdict_style
 
 console = common.out
 
@@ -80,8 +80,8 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
             {
                 "layer": j.line.layer,
                 "rank": j.line.rank,
-                "rel": json_num(j.line.rel),
-                "max_abs_diff": json_num(j.line.max_abs_diff),
+                "rel": j.line.rel,
+                "max_abs_diff": j.line.max_abs_diff,
                 "verdict": j.verdict,
             }
             for j in latest

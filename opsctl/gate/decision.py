@@ -342,7 +342,7 @@ class GateState:
         worst = self.worst
         probe = self.probe_summary()
         doc: dict[str, object] = {
-            "verdict": str(self.verdict),
+            "verdict": self.verdict,
             "reason": self.reason,
             "lines": self.lines,
             "pass": self.counts[LineVerdict.PASS],
@@ -358,8 +358,8 @@ class GateState:
             else {
                 "layer": worst.layer,
                 "rank": worst.rank,
-                "rel": _json_float(worst.rel),
-                "max_abs_diff": _json_float(worst.max_abs_diff),
+                "rel": json_float(worst.rel),
+                "max_abs_diff": json_float(worst.max_abs_diff),
             },
         }
         if probe is not None:
@@ -415,5 +415,7 @@ def _badness(rel: float) -> float:
     return math.inf if math.isnan(rel) else rel
 
 
-def _json_float(x: float) -> float | str:
+def json_float(x: float) -> float | str:
+    """A number for JSON: NaN and the infinities, which JSON cannot carry, as their names ("nan", "inf", "-inf").
+    The one place every opsctl JSON document (gate summaries, parity check, the CLI's --json) turns them."""
     return x if math.isfinite(x) else str(x)

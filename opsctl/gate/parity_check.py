@@ -31,7 +31,7 @@ from typing import NamedTuple
 from ..errors import UsageError
 from ..inventory import GateSettings
 from ..journal.query import message_text
-from .decision import GateState, Judgement, LineVerdict, Verdict, judge, line_reason
+from .decision import GateState, Judgement, LineVerdict, Verdict, json_float, judge, line_reason
 from .lines import MARKER, ParityLine, malformed_line, parse_line
 
 MAX_LISTED = 1000  # counted lines listed per invocation (the rest only counted)
@@ -242,7 +242,7 @@ class CheckedLine:
             "reason": j.reason,
             "layer": j.line.layer if j.line else None,
             "tp": j.line.rank if j.line else None,
-            "rel": _json_float(j.line.rel) if j.line else None,
+            "rel": json_float(j.line.rel) if j.line else None,
             "after_decision": j.after_decision,
             "text": j.raw.strip(),
         }
@@ -486,7 +486,3 @@ def check_journal(
     result.input_lines, result.unreadable, result.left_out = reader.lines, reader.unreadable, reader.left_out
     result.input_format = str(reader.format or InputFormat.TEXT)
     return result
-
-
-def _json_float(x: float) -> float | str:
-    return x if x == x and abs(x) != float("inf") else str(x)

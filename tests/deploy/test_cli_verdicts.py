@@ -124,3 +124,14 @@ def test_status_json_and_table_judge_as_the_gate(
     cli_status._status_one(host(), as_json=False)
     text = buf.getvalue()
     assert "2 marked line(s) of the current invocation IGNORED" in text and text.count("FAIL") == 2
+
+
+def test_every_json_document_names_nan_and_the_infinities(capsys: pytest.CaptureFixture[str]) -> None:
+    """One helper (gate.decision.json_float) for the gate's summary, parity check and the CLI's --json."""
+    from opsctl.cli.common import emit_json, to_jsonable
+    from opsctl.gate.decision import json_float
+
+    assert [json_float(x) for x in (float("nan"), float("inf"), -float("inf"), 0.5)] == ["nan", "inf", "-inf", 0.5]
+    assert to_jsonable({"rel": float("nan"), "worst": [float("-inf"), 1.0]}) == {"rel": "nan", "worst": ["-inf", 1.0]}
+    emit_json({"parity": [{"rel": float("inf")}]})
+    assert json.loads(capsys.readouterr().out) == {"parity": [{"rel": "inf"}]}
