@@ -81,26 +81,41 @@ def _token(token: str | None) -> str | None:
 
 
 def _print(check: ParityCheck, all_invocations: bool) -> None:
-    out = common.out
-    st = check.state
-    inv = check.judged
-    n = len(check.invocations)
-    if all_invocations and n > 1:
-        for b in check.invocations:
-            v = str(b["verdict"])
-            tok = f" token {b['token']}" if b["token"] else ""
-            out.print(
-                f"invocation {b['index']} (lines {b['first_line']}-{b['last_line']}{tok}): "
-                f"[{verdict_style(v)}]{v}[/] {escape(str(b['reason']))} "
-                f"({b['counted']} counted, {b['ignored']} ignored)",
-                soft_wrap=True,
-            )
+    if all_invocations and len(check.invocations) > 1:
+        _print_invocations(check)
+    _print_lines(check)
+    _print_not_listed(check)
+    _print_gate(check)
+
+
+def _print_invocations(check: ParityCheck) -> None:
+    """--all: each invocation found in the text, with its own verdict."""
+    for b in check.invocations:
+        v = str(b["verdict"])
+        tok = f" token {b['token']}" if b["token"] else ""
+        common.out.print(
+            f"invocation {b['index']} (lines {b['first_line']}-{b['last_line']}{tok}): "
+            f"[{verdict_style(v)}]{v}[/] {escape(str(b['reason']))} "
+            f"({b['counted']} counted, {b['ignored']} ignored)",
+            soft_wrap=True,
+        )
+
+
+def _print_lines(check: ParityCheck) -> None:
+    """The listed lines of the judged invocation, each with its verdict and why."""
     for c in check.lines:
         j = c.judgement
-        v = str(j.verdict)
         where = f" {j.line.where}" if j.line is not None else ""
         late = " [dim](after the gate had decided)[/]" if j.after_decision else ""
-        out.print(f"line {c.number:>5}{where}: [{verdict_style(v)}]{v}[/] {escape(j.reason)}{late}", soft_wrap=True)
+        common.out.print(
+            f"line {c.number:>5}{where}: [{verdict_style(j.verdict)}]{j.verdict}[/] {escape(j.reason)}{late}",
+            soft_wrap=True,
+        )
+
+
+def _print_not_listed(check: ParityCheck) -> None:
+    """What the listing leaves out: lines over the limit, lines after the decision, entries with no message."""
+    out, inv = common.out, check.judged
     if inv.counted_unlisted:
         out.print(f"[dim]... {inv.counted_unlisted} more counted lines not listed[/]")
     listed_ignored = sum(1 for c in check.lines if c.judgement.verdict is LineVerdict.IGNORED)
@@ -119,19 +134,27 @@ def _print(check: ParityCheck, all_invocations: bool) -> None:
             "as null): rerun journalctl with --all to judge them[/]",
             soft_wrap=True,
         )
-    s = st.settings
+
+
+def _judged_which(check: ParityCheck) -> str:
+    """Which part of the text the verdict is about."""
+    n, inv = len(check.invocations), check.judged
     if check.token_given:
-        which = f"the whole text ({n} invocation(s) seen)"
-    elif n > 1:
-        which = f"invocation {inv.index} of {n} (the last; lines {inv.first_line}-{inv.last_line})"
-    else:
-        which = "the one invocation seen"
+        return f"the whole text ({n} invocation(s) seen)"
+    if n > 1:
+        return f"invocation {inv.index} of {n} (the last; lines {inv.first_line}-{inv.last_line})"
+    return "the one invocation seen"
+
+
+def _print_gate(check: ParityCheck) -> None:
+    """The aggregate verdict, with the rules it was reached by."""
+    st, s = check.state, check.state.settings
     token = "checked (given)" if check.token_given else ("checked (the invocation's own)" if st.token else "none seen")
-    out.print(
+    common.out.print(
         f"gate: [{verdict_style(st.verdict)}]{st.verdict}[/] {escape(st.reason)} "
-        f"(judged {which}; {st.lines} parity lines counted, {inv.ignored} ignored; pass rel <= {s.pass_rel:g}, "
-        f"fail rel >= {s.fail_rel:g}, {s.consecutive_passes} consecutive passes per rank, "
-        f"{'TP ' + str(st.expected_ranks) if st.expected_ranks else 'ranks as seen'}, token {escape(token)})",
+        f"(judged {_judged_which(check)}; {st.lines} parity lines counted, {check.judged.ignored} ignored; "
+        f"pass rel <= {s.pass_rel:g}, fail rel >= {s.fail_rel:g}, {s.consecutive_passes} consecutive passes per "
+        f"rank, {'TP ' + str(st.expected_ranks) if st.expected_ranks else 'ranks as seen'}, token {escape(token)})",
         soft_wrap=True,
     )
 

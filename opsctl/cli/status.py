@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
 
 from ..errors import OpsError, SshError
+from ..gate.decision import Judgement
 from ..host import views as hostinfo
+from ..host.history import HistoryRecord
+from ..host.releaseroot import HostSnapshot
 from ..inventory import HostConfig
 from ..lock import hostlock
-from ..pipeline.result import describe_restart_times, last_restart_times
+from ..pipeline.result import RestartTimes, describe_restart_times, last_restart_times
 from . import common
 from .parityview import LineJudge, counted, latest_per_rank_and_layer, parity_table, verdict_style
 
@@ -48,19 +52,38 @@ def status_command(
         raise typer.Exit(code=SshError.exit_code)
 
 
+@dataclass(frozen=True)
+class _Parity:
+    """The running invocation's parity lines as the gate judges them."""
+
+    latest: list[Judgement]  # the newest counted line of each rank and layer
+    counted: int
+    ignored: int  # not evidence: no or wrong token, or the marker inside another message
+
+    @classmethod
+    def judged(cls, h: HostConfig, view: hostinfo.StatusView) -> _Parity:
+        line_judge = LineJudge(h, view.token)
+        judged = [j for j in map(line_judge.message, view.parity_messages) if j is not None]
+        evidence = counted(judged)
+        return cls(latest_per_rank_and_layer(evidence), len(evidence), len(judged) - len(evidence))
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [
+            {"layer": p.layer, "rank": p.rank, "rel": p.rel, "max_abs_diff": p.max_abs_diff, "verdict": j.verdict}
+            for j in self.latest
+            if (p := j.line) is not None
+        ]
+
+
 def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
     """Read one host's state; print it for people unless ``as_json``; return the JSON document."""
-    host = h.name
     view = hostinfo.read_status(h)
     snap, hist = view.snap, view.history
-    line_judge = LineJudge(h, view.token)
-    judged = [j for j in map(line_judge.message, view.parity_messages) if j is not None]
-    evidence = counted(judged)
-    latest = latest_per_rank_and_layer(evidence)
+    parity = _Parity.judged(h, view)
     last = next((x for x in reversed(hist) if x.verdict is not None), None)
     restart_times = last_restart_times(hist)
     doc = {
-        "host": host,
+        "host": h.name,
         "managed": snap.is_managed,
         "unit": {
             "name": h.unit,
@@ -76,23 +99,24 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
         "last_restart": restart_times,
         "lock": hostlock.describe_owner(snap.lock_owner) if snap.lock_present else None,
         "free_mb": snap.free_mb,
-        "parity": [
-            {
-                "layer": j.line.layer,
-                "rank": j.line.rank,
-                "rel": j.line.rel,
-                "max_abs_diff": j.line.max_abs_diff,
-                "verdict": j.verdict,
-            }
-            for j in latest
-            if j.line is not None
-        ],
+        "parity": parity.to_json(),
     }
-    if as_json:
-        return doc
+    if not as_json:
+        _print_state(h, snap, last, restart_times, doc["lock"])
+        _print_parity(parity)
+    return doc
+
+
+def _print_state(
+    h: HostConfig,
+    snap: HostSnapshot,
+    last: HistoryRecord | None,
+    restart_times: RestartTimes | None,
+    lock: str | None,
+) -> None:
     unit_style = "green" if snap.unit.active_state == "active" else "red"
     console.print(
-        f"[bold]{host}[/] ({h.target}) unit {h.unit}: [{unit_style}]{snap.unit.active_state}/{snap.unit.sub_state}[/] restarts={snap.unit.n_restarts}"
+        f"[bold]{h.name}[/] ({h.target}) unit {h.unit}: [{unit_style}]{snap.unit.active_state}/{snap.unit.sub_state}[/] restarts={snap.unit.n_restarts}"
     )
     console.print(
         f"current release: [bold]{snap.current or 'none'}[/]  last good: {snap.last_good or 'none'}  bad: {', '.join(sorted(snap.bad)) or 'none'}"
@@ -106,20 +130,23 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
         )
     if restart_times:
         console.print(f"last restart: {describe_restart_times(restart_times)}", highlight=False)
-    console.print(f"lock: {doc['lock'] or 'free'}   free disk: {snap.free_mb} MB", highlight=False)
-    if evidence:
-        console.print(parity_table(latest, title="latest parity line of each rank and layer (current invocation)"))
+    console.print(f"lock: {lock or 'free'}   free disk: {snap.free_mb} MB", highlight=False)
+
+
+def _print_parity(parity: _Parity) -> None:
+    if parity.counted:
+        console.print(
+            parity_table(parity.latest, title="latest parity line of each rank and layer (current invocation)")
+        )
     else:
         console.print("no parity lines from the current invocation yet")
-    ignored = len(judged) - len(evidence)
-    if ignored:
+    if parity.ignored:
         console.print(
-            f"{ignored} marked line(s) of the current invocation IGNORED, as the gate ignores them (no or wrong "
-            "token=, or the marker inside another message): `opsctl logs --grep parity` shows them",
+            f"{parity.ignored} marked line(s) of the current invocation IGNORED, as the gate ignores them (no or "
+            "wrong token=, or the marker inside another message): `opsctl logs --grep parity` shows them",
             style="yellow",
             highlight=False,
         )
-    return doc
 
 
 app = typer.Typer()

@@ -19,6 +19,7 @@ Rules (the shape of Ansible's ``serial``/``max_fail_percentage`` and Argo Rollou
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -206,49 +207,84 @@ def run_rollout(
 ) -> RolloutReport:
     """Execute ``plan`` with ``action`` per host; outcomes come back in plan order."""
     t0 = time.monotonic()
-    report = RolloutReport()
     done: dict[str, HostOutcome] = {}
 
     def record(o: HostOutcome) -> None:  # always on this thread: run_on_hosts hands results back here
         done[o.host] = o
         progress(f"{o.host}: {o.outcome.value}" + (f" ({o.verdict})" if o.verdict else "") + f" in {o.elapsed_s:.1f}s")
 
-    def failures() -> int:
-        return sum(1 for o in done.values() if o.failed)
-
+    stopped = None
     for stage, hosts in plan.stages:
-        if report.stopped:
-            break
         progress(f"{stage}: {', '.join(h.name for h in hosts)}")
-        if parallel and len(hosts) > 1:
-            # _safe turns every failure into an outcome, so each HostResult holds a value.
-            run_on_hosts(
-                hosts,
-                lambda h: _safe(action, h),
-                workers=max_workers,
-                on_result=lambda result: record(result.unwrap()),
-                thread_name_prefix="rollout",
-            )
-        else:
-            for h in hosts:
-                record(_safe(action, h))
-                if stage != "canary" and failures() > plan.max_failures:
-                    break  # serial: stop at once, the rest of this batch stays untouched
-        canary = done.get(hosts[0].name) if stage == "canary" else None
-        if stage == "canary" and failures():
-            report.stopped = f"canary {hosts[0].name} failed: {done[hosts[0].name].detail or 'see above'}"
-        elif canary is not None and canary.outcome is Outcome.UNPROVEN:
-            report.stopped = f"canary {canary.host} UNPROVEN: {canary.detail or 'no verify traffic'}"
-        elif failures() > plan.max_failures:
-            report.stopped = f"{failures()} host(s) failed, more than max-fail allows ({plan.max_failures})"
-
-    ordered = [h for _, hosts in plan.stages for h in hosts]
-    report.outcomes = [
+        # Serial: a batch stops at once when the failures cross max-fail, the rest of it stays untouched (the
+        # canary runs alone: no budget).
+        budget = None if stage == "canary" else plan.max_failures
+        _run_stage(
+            hosts,
+            lambda h: _safe(action, h),
+            record,
+            parallel=parallel,
+            max_workers=max_workers,
+            stop=functools.partial(_over_budget, done, budget),
+        )
+        stopped = _stop_reason(stage, hosts, done, plan.max_failures)
+        if stopped:
+            break
+    outcomes = [
         done.get(h.name) or HostOutcome(h.name, Outcome.SKIPPED, detail="not started: roll-out stopped")
-        for h in ordered
+        for _, hosts in plan.stages
+        for h in hosts
     ]
-    report.elapsed_s = time.monotonic() - t0
-    return report
+    return RolloutReport(outcomes, stopped, time.monotonic() - t0)
+
+
+def _run_stage(
+    hosts: Sequence[HostConfig],
+    run_one: Action,
+    record: Callable[[HostOutcome], None],
+    *,
+    parallel: bool,
+    max_workers: int,
+    stop: Callable[[], bool],
+) -> None:
+    """One stage's hosts: side by side (each finishes its own pipeline), or one after another until ``stop``."""
+    if parallel and len(hosts) > 1:
+        # run_one turns every failure into an outcome (_safe), so each HostResult holds a value.
+        run_on_hosts(
+            hosts,
+            run_one,
+            workers=max_workers,
+            on_result=lambda result: record(result.unwrap()),
+            thread_name_prefix="rollout",
+        )
+        return
+    for h in hosts:
+        record(run_one(h))
+        if stop():
+            break
+
+
+def _failures(done: dict[str, HostOutcome]) -> int:
+    return sum(1 for o in done.values() if o.failed)
+
+
+def _over_budget(done: dict[str, HostOutcome], budget: int | None) -> bool:
+    return budget is not None and _failures(done) > budget
+
+
+def _stop_reason(
+    stage: str, hosts: Sequence[HostConfig], done: dict[str, HostOutcome], max_failures: int
+) -> str | None:
+    """Why the roll-out stops after this stage (None: it goes on). A failed or UNPROVEN canary stops it whatever
+    max-fail says: nothing has proven the release."""
+    canary = done.get(hosts[0].name) if stage == "canary" else None
+    if canary is not None and _failures(done):
+        return f"canary {canary.host} failed: {canary.detail or 'see above'}"
+    if canary is not None and canary.outcome is Outcome.UNPROVEN:
+        return f"canary {canary.host} UNPROVEN: {canary.detail or 'no verify traffic'}"
+    if _failures(done) > max_failures:
+        return f"{_failures(done)} host(s) failed, more than max-fail allows ({max_failures})"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------------------
