@@ -182,19 +182,15 @@ def _fmt_time(us: Any) -> str:
         return "?"
 
 
+_PARITY_FIELDS = ("layer", "rank", "max_abs_diff", "mean", "rel", "extra")  # a parity line's, in --json
+
+
 def _log_json(when: str, msg: str, rec: KdtreeLine | None, judged: Judgement | None) -> dict[str, Any]:
     out: dict[str, Any] = {"time": when, "message": msg}
     if judged is not None:
         out["kind"] = "parity"
         if isinstance(rec, ParityLine):
-            out.update(
-                layer=rec.layer,
-                rank=rec.rank,
-                max_abs_diff=rec.max_abs_diff,
-                mean=rec.mean,
-                rel=rec.rel,
-                extra=rec.extra,
-            )
+            out.update({key: getattr(rec, key) for key in _PARITY_FIELDS})
         out["verdict"] = judged.verdict
     elif isinstance(rec, ShapesLine):
         d = rec.decode()

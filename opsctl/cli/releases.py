@@ -12,8 +12,6 @@ from ..host import views as hostinfo
 from . import common
 from .parityview import verdict_text
 
-console = common.out
-
 
 def releases_command(
     host: common.HostArg = None,
@@ -65,7 +63,7 @@ def releases_command(
             ", ".join(row["flags"]),
             verdict_text(row["verdict"]) if row["verdict"] else "-",
         )
-    console.print(table)
+    common.out.print(table)
 
 
 app = typer.Typer()
