@@ -1,1 +1,35 @@
-"""ssh."""
+"""The SSH layer: the only way opsctl reaches a host.
+
+- ``client``: ``connect(host)`` yields a ``Remote``, a live Paramiko session that runs commands (each with a timeout
+  that kills it on the host), writes and reads files, and rsyncs a directory;
+- ``endpoint``: where to connect (inventory + ssh_config, ProxyJump hops), pure;
+- ``hostkeys``: host keys checked against the inventory's known_hosts file only, fingerprints;
+- ``transfer``: the OpenSSH and rsync command lines with the same settings, rsync's stats, pure;
+- ``wrap``: the shell commands the session itself runs on the host (the ``sh -c`` wrapper, the timeout's killer);
+- ``remote``: the ``Remote`` protocol that code running host commands depends on (the tests' local shells too);
+- ``session``: one connection re-opened after a drop.
+
+    from opsctl.ssh import connect
+"""
+
+from .client import CommandResult, Remote, connect
+from .endpoint import SSH_CONFIG_ENV, Endpoint, Jump, known_hosts_name, resolve_endpoint, ssh_config_path
+from .hostkeys import fingerprint
+from .transfer import RsyncStats, openssh_command, parse_rsync_stats, rsync_argv
+
+__all__ = [
+    "SSH_CONFIG_ENV",
+    "CommandResult",
+    "Endpoint",
+    "Jump",
+    "Remote",
+    "RsyncStats",
+    "connect",
+    "fingerprint",
+    "known_hosts_name",
+    "openssh_command",
+    "parse_rsync_stats",
+    "resolve_endpoint",
+    "rsync_argv",
+    "ssh_config_path",
+]

@@ -1,32 +1,23 @@
-"""The SSH layer: the only way opsctl reaches a host.
+"""A live SSH session to one host: ``connect`` opens it (through ProxyJump hops), ``Remote`` runs commands on it.
 
     with connect(host) as r:
         r.run(["systemctl", "is-active", host.unit], check=False)
         r.write_file("/etc/x", "data")
         r.rsync(Path("bundle"), "/root/kdtree-engine/releases/abc")
 
-Built on Paramiko (Fabric's transport) with OpenSSH semantics where it matters:
-- host keys are checked against the host's own known_hosts file (inventory ``known_hosts``) only; an unknown key is
-  refused with its type and SHA256 fingerprint unless accepting is asked for (``accept_new_host_key=True`` or
-  ``host_key_policy: accept-new``), which then appends it to that file; a changed key is always refused;
-- ``ssh_alias`` is looked up in the ssh_config file (``$OPSCTL_SSH_CONFIG`` or ``~/.ssh/config``): HostName, Port,
-  User, IdentityFile and ProxyJump there win over the inventory;
-- every command has a timeout; on timeout every process the command started is killed on the host (they carry a
-  marker in their environment, so even daemonised children are found) and CommandTimeout is raised;
-- rsync runs OpenSSH with the same endpoint, identity, known_hosts file, StrictHostKeyChecking=yes and ProxyJump.
+Built on Paramiko (Fabric's transport) with OpenSSH semantics where it matters: where to connect comes from
+``endpoint`` (inventory + ssh_config), host keys are checked by ``hostkeys``, rsync's command line is ``transfer``'s.
+Every command has a timeout; on timeout every process the command started is killed on the host (they carry a
+marker in their environment, so even daemonised children are found) and CommandTimeout is raised.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import os
-import re
 import select
 import shlex
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -39,25 +30,19 @@ import paramiko
 from ..errors import AuthFailed, CommandFailed, CommandTimeout, HostKeyMismatch, HostKeyUnknown, HostUnreachable
 from ..inventory import HostConfig
 from . import wrap as host_session
+from .endpoint import KEEPALIVE_S, Endpoint, resolve_endpoint
+from .hostkeys import fingerprint, new_client
+from .transfer import RsyncStats, openssh_command, parse_rsync_stats, rsync_argv
 
 # Paramiko logs a full traceback (at ERROR, from its transport thread) for an expected failure such as a host that
 # closes the connection before its banner. Those failures are raised here as one-line SshErrors; the library's own
 # log goes nowhere unless the CLI's --debug turns logging on.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
-SSH_CONFIG_ENV = "OPSCTL_SSH_CONFIG"
-KEEPALIVE_S = 15
 STDERR_TAIL_LINES = 20
+READ_CHUNK = 65536
 
-__all__ = [
-    "CommandResult",
-    "Endpoint",
-    "Remote",
-    "RsyncStats",
-    "connect",
-    "fingerprint",
-    "resolve_endpoint",
-]
+__all__ = ["CommandResult", "Remote", "connect"]
 
 
 @dataclass(frozen=True)
@@ -73,171 +58,6 @@ class CommandResult:
         return self.rc == 0
 
 
-@dataclass(frozen=True)
-class RsyncStats:
-    bytes_sent: int
-    files_transferred: int
-    elapsed_s: float
-
-
-@dataclass(frozen=True)
-class Jump:
-    """One ProxyJump hop."""
-
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to connect, after ssh_config has been applied. ``alias`` is what OpenSSH is given."""
-
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-    known_hosts: Path
-    connect_timeout_s: float
-    jumps: tuple[Jump, ...] = ()
-    alias: str | None = None
-
-    @property
-    def known_hosts_name(self) -> str:
-        """The host's name as written in known_hosts (OpenSSH's ``[host]:port`` form off port 22)."""
-        return known_hosts_name(self.hostname, self.port)
-
-
-def known_hosts_name(hostname: str, port: int) -> str:
-    return hostname if port == 22 else f"[{hostname}]:{port}"
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH's SHA256 fingerprint of a public key (``SHA256:...``, unpadded base64)."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def ssh_config_path() -> Path:
-    return Path(os.environ.get(SSH_CONFIG_ENV) or "~/.ssh/config").expanduser()
-
-
-def _load_ssh_config() -> paramiko.SSHConfig:
-    path = ssh_config_path()
-    if path.is_file():
-        return paramiko.SSHConfig.from_path(str(path))
-    return paramiko.SSHConfig.from_text("")
-
-
-def _parse_jump(spec: str, default_user: str, config: paramiko.SSHConfig) -> Jump:
-    """``[user@]host[:port]``, itself looked up in ssh_config (OpenSSH does the same)."""
-    user, _, hostport = spec.rpartition("@")
-    host, port = hostport, None
-    m = re.fullmatch(r"\[([^\]]+)\](?::(\d+))?|([^:]+)(?::(\d+))?", hostport)
-    if m:
-        host = m.group(1) or m.group(3)
-        port = m.group(2) or m.group(4)
-    cfg = config.lookup(host)
-    return Jump(
-        hostname=cfg.get("hostname", host),
-        port=int(port or cfg.get("port", 22)),
-        user=user or cfg.get("user", default_user),
-        identity_files=tuple(os.path.expanduser(p) for p in cfg.get("identityfile", [])),
-    )
-
-
-def resolve_endpoint(host: HostConfig, config: paramiko.SSHConfig | None = None) -> Endpoint:
-    """Inventory + ssh_config -> Endpoint. Pure given ``config``.
-
-    With ``ssh_alias``, what ssh_config says for the alias wins (as with plain ``ssh alias``); the inventory fills
-    in the rest. Without it, ssh_config is consulted for ProxyJump and IdentityFile of the address only.
-    """
-    config = config if config is not None else _load_ssh_config()
-    identity = (os.path.expanduser(host.identity_file),) if host.identity_file else ()
-    known_hosts = Path(os.path.expanduser(host.known_hosts))
-    if host.ssh_alias:
-        cfg = config.lookup(host.ssh_alias)
-        # paramiko reports the alias itself as HostName when the config sets none: then the address wins.
-        configured = cfg.get("hostname")
-        hostname = configured if configured and configured != host.ssh_alias else (host.address or host.ssh_alias)
-        port = int(cfg.get("port", host.port))
-        user = cfg.get("user", host.user)
-        files = tuple(os.path.expanduser(p) for p in cfg.get("identityfile", []))
-        alias: str | None = host.ssh_alias
-    else:
-        assert host.address is not None  # HostConfig guarantees address or ssh_alias
-        cfg = config.lookup(host.address)
-        hostname, port, user, files, alias = host.address, host.port, host.user, (), None
-        files = tuple(os.path.expanduser(p) for p in cfg.get("identityfile", [])) if not identity else ()
-    proxy = cfg.get("proxyjump")
-    jumps: tuple[Jump, ...] = ()
-    if proxy and proxy.lower() != "none":
-        jumps = tuple(_parse_jump(s.strip(), user, config) for s in proxy.split(",") if s.strip())
-    return Endpoint(
-        hostname=hostname,
-        port=port,
-        user=user,
-        identity_files=identity + files,
-        known_hosts=known_hosts,
-        connect_timeout_s=host.connect_timeout_s,
-        jumps=jumps,
-        alias=alias,
-    )
-
-
-# ---------------------------------------------------------------------------------------------- host keys
-
-
-class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Unknown key: refuse with its fingerprint, or (accept-new) append it to the known_hosts file."""
-
-    def __init__(self, host_name: str, known_hosts: Path, accept_new: bool) -> None:
-        self.host_name = host_name
-        self.known_hosts = known_hosts
-        self.accept_new = accept_new
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if not self.accept_new:
-            raise HostKeyUnknown(
-                self.host_name,
-                f"host key of {hostname} is not in {self.known_hosts}: {key.get_name()} {fingerprint(key)}. "
-                "Check the fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), then rerun "
-                "with --accept-new-host-key (or set host_key_policy: accept-new)",
-            )
-        _append_known_host(self.known_hosts, hostname, key)
-        client.get_host_keys().add(hostname, key.get_name(), key)
-
-
-_known_hosts_lock = threading.Lock()
-
-
-def _append_known_host(path: Path, hostname: str, key: paramiko.PKey) -> None:
-    with _known_hosts_lock:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            # Keep a file without a trailing newline parseable.
-            if os.fstat(fd).st_size and not path.read_bytes().endswith(b"\n"):
-                line = "\n" + line
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
-
-
-def _new_client(known_hosts: Path, host_name: str, accept_new: bool) -> paramiko.SSHClient:
-    client = paramiko.SSHClient()
-    # Only the inventory's known_hosts file counts; no system files, no ~/.ssh/known_hosts unless named.
-    if known_hosts.is_file():
-        try:
-            client.get_host_keys().load(str(known_hosts))
-        except (OSError, paramiko.SSHException) as e:
-            raise HostKeyUnknown(host_name, f"cannot read known_hosts {known_hosts}: {e}") from e
-    client.set_missing_host_key_policy(_HostKeyPolicy(host_name, known_hosts, accept_new))
-    return client
-
-
 # ---------------------------------------------------------------------------------------------- connect
 
 
@@ -251,7 +71,7 @@ def _open_client(
     accept_new: bool,
     sock: paramiko.Channel | None,
 ) -> paramiko.SSHClient:
-    client = _new_client(ep.known_hosts, name, accept_new)
+    client = new_client(ep.known_hosts, name, accept_new)
     where = f"{user}@{hostname}:{port}"
     timeout = ep.connect_timeout_s
     try:
@@ -369,6 +189,59 @@ class _LineSplitter:
             self.buf = b""
 
 
+class _Output:
+    """What a running command has printed so far, on each stream, and its lines as they complete (on_output)."""
+
+    def __init__(self, on_output: Callable[[str], None] | None) -> None:
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        # One splitter per stream, so that a line is never glued from both.
+        self._lines_out = _LineSplitter(on_output) if on_output else None
+        self._lines_err = _LineSplitter(on_output) if on_output else None
+
+    def drain(self, chan: paramiko.Channel) -> bool:
+        """Read all the channel holds now, stdout then stderr; whether anything came."""
+        got = False
+        while chan.recv_ready():
+            got = True
+            self._take(chan.recv(READ_CHUNK), self.stdout, self._lines_out)
+        while chan.recv_stderr_ready():
+            got = True
+            self._take(chan.recv_stderr(READ_CHUNK), self.stderr, self._lines_err)
+        return got
+
+    @staticmethod
+    def _take(data: bytes, into: bytearray, lines: _LineSplitter | None) -> None:
+        into += data
+        if lines:
+            lines.feed(data)
+
+    def flush(self) -> None:
+        """Hand on_output the last line of each stream even without its newline."""
+        for lines in (self._lines_out, self._lines_err):
+            if lines:
+                lines.flush()
+
+
+def _finished(chan: paramiko.Channel) -> bool:
+    """The command has exited and both streams are read to their end."""
+    return chan.exit_status_ready() and chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready()
+
+
+@dataclass(frozen=True)
+class _Started:
+    """A command started on the host: what to name it, how to find its processes, when it must have ended."""
+
+    command: str
+    run_id: str
+    sudo: bool
+    limit: float
+    start: float
+
+    def remaining(self) -> float:
+        return self.limit - (time.monotonic() - self.start)
+
+
 @dataclass
 class _RawResult:
     rc: int
@@ -434,56 +307,47 @@ class Remote:
         stdin: str | bytes | None,
     ) -> _RawResult:
         limit = self.host.command_timeout_s if timeout is None else timeout
-        run_id = uuid.uuid4().hex
-        use_sudo = self._use_sudo(sudo)
         transport = self._transport()
-        start = time.monotonic()
+        run = _Started(command, uuid.uuid4().hex, self._use_sudo(sudo), limit, time.monotonic())
+        chan = self._start(transport, run, stdin)
+        output = _Output(on_output)
+        try:
+            self._wait(chan, transport, run, output)
+        finally:
+            output.flush()
+        rc = chan.recv_exit_status()
+        chan.close()
+        return _RawResult(
+            rc=rc, stdout=bytes(output.stdout), stderr=bytes(output.stderr), elapsed_s=time.monotonic() - run.start
+        )
+
+    def _start(self, transport: paramiko.Transport, run: _Started, stdin: str | bytes | None) -> paramiko.Channel:
+        """Open a channel, start the wrapped command on it, send ``stdin`` and close the command's input."""
         try:
             chan = transport.open_session(timeout=self.endpoint.connect_timeout_s)
-            chan.exec_command(host_session.wrap_command(command, run_id, use_sudo))
+            chan.exec_command(host_session.wrap_command(run.command, run.run_id, run.sudo))
             if stdin is not None:
                 chan.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
             chan.shutdown_write()
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise HostUnreachable(self.host.name, f"lost the connection starting `{command}`: {e}") from None
+            raise HostUnreachable(self.host.name, f"lost the connection starting `{run.command}`: {e}") from None
+        return chan
 
-        out, err = bytearray(), bytearray()
-        lines_out = _LineSplitter(on_output) if on_output else None
-        lines_err = _LineSplitter(on_output) if on_output else None
-        try:
-            while True:
-                remaining = limit - (time.monotonic() - start)
-                if remaining <= 0:
-                    chan.close()
-                    self._kill(run_id, use_sudo)
-                    raise CommandTimeout(self.host.name, command, limit)
-                select.select([chan], [], [], min(remaining, 0.5))
-                got = False
-                while chan.recv_ready():
-                    data = chan.recv(65536)
-                    got = True
-                    out += data
-                    if lines_out:
-                        lines_out.feed(data)
-                while chan.recv_stderr_ready():
-                    data = chan.recv_stderr(65536)
-                    got = True
-                    err += data
-                    if lines_err:
-                        lines_err.feed(data)
-                if chan.exit_status_ready() and chan.eof_received and not got:
-                    if not chan.recv_ready() and not chan.recv_stderr_ready():
-                        break
-                if not transport.is_active():
-                    raise HostUnreachable(self.host.name, f"connection lost while running `{command}`")
-        finally:
-            if lines_out:
-                lines_out.flush()
-            if lines_err:
-                lines_err.flush()
-        rc = chan.recv_exit_status()
-        chan.close()
-        return _RawResult(rc=rc, stdout=bytes(out), stderr=bytes(err), elapsed_s=time.monotonic() - start)
+    def _wait(self, chan: paramiko.Channel, transport: paramiko.Transport, run: _Started, output: _Output) -> None:
+        """Collect the command's output until it has exited and said all; past its limit, kill it on the host and
+        raise CommandTimeout; a dropped connection raises HostUnreachable."""
+        while True:
+            remaining = run.remaining()
+            if remaining <= 0:
+                chan.close()
+                self._kill(run.run_id, run.sudo)
+                raise CommandTimeout(self.host.name, run.command, run.limit)
+            select.select([chan], [], [], min(remaining, 0.5))
+            # Only a pass that read nothing may end the wait: output can still arrive after the exit status.
+            if not output.drain(chan) and _finished(chan):
+                return
+            if not transport.is_active():
+                raise HostUnreachable(self.host.name, f"connection lost while running `{run.command}`")
 
     @property
     def is_active(self) -> bool:
@@ -579,81 +443,3 @@ class Remote:
         if proc.returncode != 0:
             raise CommandFailed(self.host.name, shown, proc.returncode, _tail(proc.stderr))
         return parse_rsync_stats(proc.stdout, elapsed)
-
-
-def _ssh_options(ep: Endpoint) -> list[str]:
-    cfg = ssh_config_path()
-    return [
-        "-F", str(cfg) if cfg.is_file() else "/dev/null",
-        "-o", "BatchMode=yes",
-        "-o", "StrictHostKeyChecking=yes",
-        "-o", f"UserKnownHostsFile={ep.known_hosts}",
-        "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", f"ConnectTimeout={max(1, round(ep.connect_timeout_s))}",
-        "-o", f"ServerAliveInterval={KEEPALIVE_S}",
-        "-o", "ServerAliveCountMax=3",
-    ]  # fmt: skip
-
-
-def _identity_options(files: Sequence[str]) -> list[str]:
-    argv: list[str] = []
-    for ident in files:
-        argv += ["-i", ident]
-    return [*argv, "-o", "IdentitiesOnly=yes"] if files else argv
-
-
-def openssh_command(ep: Endpoint) -> list[str]:
-    """OpenSSH argv (without the destination) with the same endpoint, identity, known_hosts and hops as ``connect``.
-
-    ProxyJump hops become an explicit ProxyCommand chain so that the hops' host keys are checked against the same
-    known_hosts file too (``-J`` would fall back to ~/.ssh/known_hosts for them).
-    """
-    proxy: str | None = None
-    for hop in ep.jumps:
-        hop_argv = ["ssh", *_ssh_options(ep), *_identity_options(hop.identity_files or ep.identity_files)]
-        if proxy:
-            hop_argv += ["-o", f"ProxyCommand={proxy}"]
-        hop_argv += ["-p", str(hop.port), "-l", hop.user, "-W", "%h:%p", hop.hostname]
-        proxy = shlex.join(hop_argv)
-    argv = ["ssh", *_ssh_options(ep), *_identity_options(ep.identity_files), "-p", str(ep.port), "-l", ep.user]
-    if proxy:
-        argv += ["-o", f"ProxyCommand={proxy}"]
-    return argv
-
-
-def rsync_argv(
-    ep: Endpoint,
-    local: Path,
-    remote_dir: str,
-    link_dest: str | None,
-    delete: bool,
-    exclude: Sequence[str],
-    sudo: bool,
-) -> list[str]:
-    """The rsync command line. Pure: tested without a host."""
-    argv = ["rsync", "-a", "--stats", "-e", shlex.join(openssh_command(ep))]
-    if sudo:
-        argv.append("--rsync-path=sudo -n rsync")
-    if link_dest:
-        argv.append(f"--link-dest={link_dest}")
-    if delete:
-        argv.append("--delete")
-    argv += [f"--exclude={pattern}" for pattern in exclude]
-    # The host part is the known_hosts name's address; OpenSSH gets port and user from -p/-l.
-    target = ep.hostname if ":" not in ep.hostname else f"[{ep.hostname}]"
-    argv += [f"{local}/", f"{target}:{remote_dir.rstrip('/')}/"]
-    return argv
-
-
-_STAT_RE = {
-    "bytes_sent": re.compile(r"^Total bytes sent:\s*([\d,.]+)", re.M),
-    "files": re.compile(r"^Number of regular files transferred:\s*([\d,.]+)", re.M),
-}
-
-
-def parse_rsync_stats(stdout: str, elapsed_s: float) -> RsyncStats:
-    def num(key: str) -> int:
-        m = _STAT_RE[key].search(stdout)
-        return int(re.sub(r"[,.]", "", m.group(1))) if m else 0
-
-    return RsyncStats(bytes_sent=num("bytes_sent"), files_transferred=num("files"), elapsed_s=elapsed_s)

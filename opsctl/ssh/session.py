@@ -13,7 +13,7 @@ from ..inventory import HostConfig
 from .remote import Remote
 
 if TYPE_CHECKING:
-    from .client import RsyncStats
+    from .transfer import RsyncStats
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import paramiko
 
 from opsctl.inventory import parse
-from opsctl.ssh.client import known_hosts_name, openssh_command, parse_rsync_stats, resolve_endpoint, rsync_argv
+from opsctl.ssh import known_hosts_name, openssh_command, parse_rsync_stats, resolve_endpoint, rsync_argv
 
 INV = """\
 defaults:

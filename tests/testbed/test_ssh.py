@@ -17,7 +17,7 @@ import pytest
 
 from opsctl.errors import AuthFailed, CommandFailed, CommandTimeout, HostKeyMismatch, HostKeyUnknown, HostUnreachable
 from opsctl.inventory import HostConfig, Inventory
-from opsctl.ssh.client import SSH_CONFIG_ENV, connect
+from opsctl.ssh import SSH_CONFIG_ENV, connect
 
 
 def _fingerprint_from_known_hosts(known_hosts: Path, name: str) -> tuple[str, str]:
