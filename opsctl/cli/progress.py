@@ -15,7 +15,7 @@ from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TaskID,
 from rich.text import Text
 
 from .. import pipeline
-from ..gate.decision import Verdict
+from ..gate.decision import LineVerdict, Verdict
 from ..gate.lines import ParityLine
 from . import common
 from .common import escape_brackets as escape
@@ -111,7 +111,7 @@ class RichReporter:
     def info(self, message: str) -> None:
         self.progress.console.print(f"[yellow]{escape(message)}[/]")
 
-    def parity(self, line: ParityLine, verdict: str) -> None:
+    def parity(self, line: ParityLine, verdict: LineVerdict) -> None:
         rank = f" TP{line.rank}" if line.rank is not None else ""
         style = verdict_style(verdict)
         label = f" {escape(self.label)}" if self.label else ""

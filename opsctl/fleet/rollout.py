@@ -29,6 +29,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from ..errors import OpsError, SshError, UsageError
+from ..gate.decision import LineVerdict
 from ..host.history import DeployVerdict
 from ..inventory import HostConfig
 from .fanout import run_on_hosts
@@ -311,7 +312,7 @@ class LineReporter:
     def info(self, message: str) -> None:
         self.emit(f"{self.host}: {message}")
 
-    def parity(self, line: object, verdict: str) -> None:
+    def parity(self, line: object, verdict: LineVerdict) -> None:
         layer = getattr(line, "layer", "?")
         rel = getattr(line, "rel", float("nan"))
         self.emit(f"{self.host}: parity L{layer} rel={rel:.3g} {verdict}")

@@ -67,7 +67,7 @@ def prerestart_parity(r: Remote, host: HostConfig, layout: Layout, release: str,
     raise DeployFailed(f"pre-restart parity could not run (exit {res.rc}, {state.lines} parity lines): {tail}")
 
 
-def prerestart_fail_reason(lines: list[tuple[ParityLine, str]], fail_rel: float, most: int = 4) -> str:
+def prerestart_fail_reason(lines: list[tuple[ParityLine, LineVerdict]], fail_rel: float, most: int = 4) -> str:
     """``pre-restart parity L0 rel=1.12 L30 rel=1.08 ... >= 0.05 ...``: the failing layers (worst line of each, in
     layer order), like the gate's reason. Empty when no line failed. Pure."""
 
@@ -77,7 +77,7 @@ def prerestart_fail_reason(lines: list[tuple[ParityLine, str]], fail_rel: float,
     worst: dict[tuple[int, int | None], ParityLine] = {}
     for line, verdict in lines:
         key = (line.layer, line.rank)
-        if verdict == "FAIL" and (key not in worst or badness(line) > badness(worst[key])):
+        if verdict is LineVerdict.FAIL and (key not in worst or badness(line) > badness(worst[key])):
             worst[key] = line
     if not worst:
         return ""
@@ -108,7 +108,7 @@ def replay_captures(r: Remote, host: HostConfig, release_dir: str, reporter: Rep
     j = captures.judge_replay(res.stdout, res.rc, host.gate, host.service.tp, token, res.stderr)
     for judgement in j.judgements:
         if judgement.line is not None and judgement.verdict is not LineVerdict.IGNORED:
-            reporter.parity(judgement.line, str(judgement.verdict))
+            reporter.parity(judgement.line, judgement.verdict)
         else:
             reporter.info(f"ignored capture replay line: {judgement.reason}: {judgement.raw.strip()[:160]}")
     took = time.monotonic() - t

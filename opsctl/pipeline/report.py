@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import OpsError
+from ..gate.decision import LineVerdict
 from ..gate.lines import ParityLine
 
 
@@ -17,7 +18,7 @@ class Reporter(Protocol):
     def done(self, name: str, detail: str = "") -> None: ...
     def failed(self, name: str, detail: str = "") -> None: ...
     def info(self, message: str) -> None: ...
-    def parity(self, line: ParityLine, verdict: str) -> None: ...
+    def parity(self, line: ParityLine, verdict: LineVerdict) -> None: ...
 
 
 class NullReporter:
@@ -25,7 +26,7 @@ class NullReporter:
     def done(self, name: str, detail: str = "") -> None: ...
     def failed(self, name: str, detail: str = "") -> None: ...
     def info(self, message: str) -> None: ...
-    def parity(self, line: ParityLine, verdict: str) -> None: ...
+    def parity(self, line: ParityLine, verdict: LineVerdict) -> None: ...
 
 
 class ParityRecorder:
@@ -33,7 +34,7 @@ class ParityRecorder:
 
     def __init__(self, inner: Reporter) -> None:
         self.inner = inner
-        self.lines: list[tuple[ParityLine, str]] = []
+        self.lines: list[tuple[ParityLine, LineVerdict]] = []
 
     def step(self, name: str, detail: str = "") -> None:
         self.inner.step(name, detail)
@@ -47,7 +48,7 @@ class ParityRecorder:
     def info(self, message: str) -> None:
         self.inner.info(message)
 
-    def parity(self, line: ParityLine, verdict: str) -> None:
+    def parity(self, line: ParityLine, verdict: LineVerdict) -> None:
         self.lines.append((line, verdict))
         self.inner.parity(line, verdict)
 

@@ -86,7 +86,7 @@ def feed_line(state: GateState, message: str, now: float, reporter: Reporter) ->
         where = f"parity line {j.line.where}" if j.line is not None else "line"
         reporter.info(f"ignored {where}: {j.reason}: {j.raw.strip()[:160]}")
     else:
-        reporter.parity(j.line, str(j.verdict))
+        reporter.parity(j.line, j.verdict)
     return j.verdict
 
 

@@ -26,6 +26,7 @@ from rich.console import Console
 from opsctl.cli import common as cli_common
 from opsctl.cli.progress import RichReporter
 from opsctl.errors import InventoryError, OpsError
+from opsctl.gate.decision import LineVerdict
 from opsctl.gate.lines import ParityLine, parse_line
 from opsctl.inventory import parse
 from opsctl.testbed import DEFAULT_CACHE_DIR, Testbed, last_log_line
@@ -337,15 +338,15 @@ def test_a_failed_gate_step_shows_a_cross_and_lines_name_their_release(terminal:
     rep, buf = _reporter(terminal=terminal)
     with rep:
         rep.step("parity")
-        rep.parity(_line("[kdtree] L0 max_abs_diff=1.0e+00 mean=1.0e-01 rel=1.12e+00 tp=0"), "FAIL")
+        rep.parity(_line("[kdtree] L0 max_abs_diff=1.0e+00 mean=1.0e-01 rel=1.12e+00 tp=0"), LineVerdict.FAIL)
         rep.failed("parity", "pre-restart parity FAIL")
         rep.step("switch", "current -> r0123456789ab")
         rep.step("gate")
-        rep.parity(_line("[kdtree] L30 max_abs_diff=1.0e-03 mean=1.0e-04 rel=2.0e-03 tp=0"), "PASS")
+        rep.parity(_line("[kdtree] L30 max_abs_diff=1.0e-03 mean=1.0e-04 rel=2.0e-03 tp=0"), LineVerdict.PASS)
         rep.done("gate", "FAIL: parity L60 rel=1.1 >= fail threshold 0.05")
         rep.step("rollback", "current -> r999999999999")
         rep.step("gate (rollback)")
-        rep.parity(_line("[kdtree] L0 max_abs_diff=1.0e-03 mean=1.0e-04 rel=1.0e-03 tp=0"), "PASS")
+        rep.parity(_line("[kdtree] L0 max_abs_diff=1.0e-03 mean=1.0e-04 rel=1.0e-03 tp=0"), LineVerdict.PASS)
         rep.done("gate (rollback)", "PASS: 3 consecutive passing parity lines")
     out = buf.getvalue()
     assert "parity r0123456789ab (new, pre-restart) L0" in out
@@ -362,10 +363,10 @@ def test_prerestart_reason_names_the_failing_layers() -> None:
     from opsctl.pipeline import prerestart_fail_reason
 
     lines = [
-        (_line("[kdtree] L30 max_abs_diff=1 mean=0.1 rel=1.05 tp=0"), "FAIL"),
-        (_line("[kdtree] L0 max_abs_diff=1 mean=0.1 rel=1.12 tp=0"), "FAIL"),
-        (_line("[kdtree] L0 max_abs_diff=1 mean=0.1 rel=0.9 tp=0"), "FAIL"),
-        (_line("[kdtree] L60 max_abs_diff=0 mean=0 rel=0.001 tp=0"), "PASS"),
+        (_line("[kdtree] L30 max_abs_diff=1 mean=0.1 rel=1.05 tp=0"), LineVerdict.FAIL),
+        (_line("[kdtree] L0 max_abs_diff=1 mean=0.1 rel=1.12 tp=0"), LineVerdict.FAIL),
+        (_line("[kdtree] L0 max_abs_diff=1 mean=0.1 rel=0.9 tp=0"), LineVerdict.FAIL),
+        (_line("[kdtree] L60 max_abs_diff=0 mean=0 rel=0.001 tp=0"), LineVerdict.PASS),
     ]
     reason = prerestart_fail_reason(lines, 0.05)
     assert reason.startswith("pre-restart parity L0 rel=1.12 L30 rel=1.05 >= fail threshold 0.05"), reason
