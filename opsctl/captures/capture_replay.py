@@ -17,7 +17,7 @@ from typing import Any
 from kdtree_backend.wire import REPLAY_EXIT_OK, REPLAY_EXIT_PARITY_FAILED
 
 from ..errors import UsageError
-from ..gate.decision import GateState, Judgement, LineVerdict, Verdict, judge
+from ..gate.decision import GateState, Judgement, LineVerdict, Verdict, json_float, judge
 from ..host import releaseroot
 from ..host.replay import capture_replay_command
 from ..inventory import GateSettings, HostConfig
@@ -51,7 +51,7 @@ class ReplayJudgement:
                     "reason": j.reason,
                     "layer": j.line.layer if j.line else None,
                     "tp": j.line.rank if j.line else None,
-                    "rel": j.line.rel if j.line and j.line.finite else str(j.line.rel if j.line else None),
+                    "rel": json_float(j.line.rel) if j.line else None,
                     "capture": j.line.extra.get("capture") if j.line else None,
                     "text": j.raw.strip(),
                 }

@@ -21,8 +21,7 @@ from ..gate.decision import Verdict
 from ..host.releaseroot import new_parity_token
 from ..inventory import HostConfig
 from . import common
-
-STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "IGNORED": "dim", "NODATA": "red"}
+from .parityview import verdict_style
 
 
 def _mb(n: float) -> str:
@@ -293,7 +292,7 @@ def parity_replay(host_name: str | None, release: str, json_out: bool, inventory
             capture_id = j.line.extra.get("capture", "") if j.line else ""
             vs = j.line.extra.get("vs_running", "?") if j.line else "?"
             common.out.print(
-                f"[{STYLE.get(v, '')}]{v}[/] {where} {escape(capture_id)}: {escape(j.reason)} (vs running release {vs})",
+                f"[{verdict_style(v)}]{v}[/] {where} {escape(capture_id)}: {escape(j.reason)} (vs running release {vs})",
                 soft_wrap=True,
             )
         for line in run.stderr.split("\n"):  # a line ends at \n only, as the judgement reads it
@@ -301,7 +300,7 @@ def parity_replay(host_name: str | None, release: str, json_out: bool, inventory
                 common.err.print(f"[red]{escape(line)}[/]", soft_wrap=True)
         v = str(result.verdict)
         common.out.print(
-            f"{host.name}: parity replay of {release_id} -> [{STYLE.get(v, '')}]{v}[/] ({escape(result.reason)}) "
+            f"{host.name}: parity replay of {release_id} -> [{verdict_style(v)}]{v}[/] ({escape(result.reason)}) "
             f"[{elapsed:.1f}s]",
             soft_wrap=True,
         )

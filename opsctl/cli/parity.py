@@ -90,13 +90,13 @@ def _print(check: ParityCheck, all_invocations: bool) -> None:
 
 def _print_invocations(check: ParityCheck) -> None:
     """--all: each invocation found in the text, with its own verdict."""
-    for b in check.invocations:
-        v = str(b["verdict"])
-        tok = f" token {b['token']}" if b["token"] else ""
+    for inv in check.invocations:
+        v = inv.state.verdict
+        tok = f" token {inv.token}" if inv.token else ""
         common.out.print(
-            f"invocation {b['index']} (lines {b['first_line']}-{b['last_line']}{tok}): "
-            f"[{verdict_style(v)}]{v}[/] {escape(str(b['reason']))} "
-            f"({b['counted']} counted, {b['ignored']} ignored)",
+            f"invocation {inv.index} (lines {inv.first_line}-{inv.last_line}{tok}): "
+            f"[{verdict_style(v)}]{v}[/] {escape(inv.state.reason)} "
+            f"({inv.state.lines} counted, {inv.ignored} ignored)",
             soft_wrap=True,
         )
 

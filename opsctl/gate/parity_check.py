@@ -343,7 +343,7 @@ class ParityCheck:
     figures."""
 
     judged: Invocation
-    invocations: list[dict[str, object]]  # brief() of every invocation, in input order (the judged one last)
+    invocations: list[Invocation]  # every invocation, in input order (the judged one last)
     token_given: bool
     input_lines: int = 0
     input_format: str = "text"
@@ -383,7 +383,7 @@ class ParityCheck:
             },
             "invocations_seen": len(self.invocations),
             "judged": self.judged.brief(),
-            **({"invocations": self.invocations} if all_invocations else {}),
+            **({"invocations": [inv.brief() for inv in self.invocations]} if all_invocations else {}),
             "summary": {**st.summary(), **self.judged.totals()},
             "lines": [c.to_json() for c in self.judged.lines],
         }
@@ -453,10 +453,10 @@ class _Checker:
         else:
             cur.last_line = number
 
-    def finish(self) -> tuple[Invocation, list[dict[str, object]]]:
+    def finish(self) -> tuple[Invocation, list[Invocation]]:
         for inv in [*self.done, self.current]:
             inv.state.conclude(0.0)
-        return self.current, [inv.brief() for inv in [*self.done, self.current]]
+        return self.current, [*self.done, self.current]
 
 
 def check_entries(
@@ -466,8 +466,8 @@ def check_entries(
     checker = _Checker(settings, tp, token)
     for entry in entries:
         checker.feed(entry)
-    judged, briefs = checker.finish()
-    return ParityCheck(judged=judged, invocations=briefs, token_given=token is not None)
+    judged, invocations = checker.finish()
+    return ParityCheck(judged=judged, invocations=invocations, token_given=token is not None)
 
 
 def check_journal(
