@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..errors import EXIT_LOCK_HELD, UsageError
-from ..host import releaseroot as hs
+from ..host import releaseroot
 from ..host import views as hostinfo
 from ..lock import hostlock
 from . import common
@@ -15,7 +15,7 @@ from . import common
 console = common.out
 
 
-def lease_text(snap: hs.HostSnapshot) -> str:
+def lease_text(snap: releaseroot.HostSnapshot) -> str:
     """How long the holder's lease still runs (it renews it while alive), or why the lock may be taken over."""
     left = snap.lock_remaining_s
     rebooted = bool(snap.lock_boot_id) and snap.lock_boot_id != snap.boot_id

@@ -12,13 +12,12 @@ from typing import Any, TypeVar
 
 from ..errors import OpsError, UsageError
 from ..inventory import HostConfig
-from ..journal import query as journal_commands
+from ..journal import query as journal_query
 from ..lock import hostlock
 from ..ssh.remote import Remote
-from ..unit import systemctl as unit_commands
+from ..unit import systemctl
 from . import history as host_history
-from . import releaseroot as hs
-from . import releaseroot as layout_commands
+from . import releaseroot
 from .history import HistoryEvent, HistoryRecord
 
 SERVICE_ACTIONS = ("start", "stop", "status")
@@ -55,17 +54,17 @@ def _with_host(host: HostConfig, fn: Callable[[Remote], T]) -> T:
 
 @dataclass(frozen=True)
 class ReleasesView:
-    snap: hs.HostSnapshot
+    snap: releaseroot.HostSnapshot
     history: list[HistoryRecord]
     meta: dict[str, dict[str, Any]]  # release -> created_at, commit, dirty (from its manifest)
 
 
 def read_releases(host: HostConfig) -> ReleasesView:
-    layout = hs.Layout(host.root)
+    layout = releaseroot.Layout(host.root)
 
     def gather(r: Remote) -> ReleasesView:
-        snap = hs.read_snapshot(r, host.root, host.unit)
-        meta = r.run(layout_commands.release_meta_command(layout), timeout=60, check=False).stdout
+        snap = releaseroot.read_snapshot(r, host.root, host.unit)
+        meta = r.run(releaseroot.release_meta_command(layout), timeout=60, check=False).stdout
         return ReleasesView(snap, host_history.read_history(r, layout), parse_release_meta(meta))
 
     return _with_host(host, gather)
@@ -73,7 +72,7 @@ def read_releases(host: HostConfig) -> ReleasesView:
 
 @dataclass(frozen=True)
 class StatusView:
-    snap: hs.HostSnapshot
+    snap: releaseroot.HostSnapshot
     history: list[HistoryRecord]
     # The running invocation's journal messages with the marker, oldest first, for the gate's judge to read: its
     # own lines, forgeries and the marker inside other messages alike.
@@ -82,19 +81,19 @@ class StatusView:
 
 
 def read_status(host: HostConfig) -> StatusView:
-    layout = hs.Layout(host.root)
+    layout = releaseroot.Layout(host.root)
 
     def gather(r: Remote) -> StatusView:
-        snap = hs.read_snapshot(r, host.root, host.unit)
+        snap = releaseroot.read_snapshot(r, host.root, host.unit)
         text = ""
         if snap.unit.invocation_id:
             text = r.run(
-                journal_commands.latest_parity_lines_command(snap.unit.invocation_id),
+                journal_query.latest_parity_lines_command(snap.unit.invocation_id),
                 timeout=60,
                 check=False,
             ).stdout
         messages = [x for x in text.split("\n") if x]  # \n only, as journald splits stdout
-        token = hs.read_parity_token(r, layout)
+        token = releaseroot.read_parity_token(r, layout)
         return StatusView(snap, host_history.read_history(r, layout), messages, token)
 
     return _with_host(host, gather)
@@ -115,22 +114,22 @@ def service(host: HostConfig, action: str | None) -> ServiceOutcome:
 
     def act(r: Remote) -> ServiceOutcome:
         if action == "status":
-            res = r.run(unit_commands.status_argv(host.unit), check=False, timeout=60)
+            res = r.run(systemctl.status_argv(host.unit), check=False, timeout=60)
             return ServiceOutcome(action, "", res.stdout.rstrip(), res.rc)
-        r.run(unit_commands.action_argv(action, host.unit), timeout=host.service.start_timeout_s + 60)
-        state = r.run(unit_commands.action_argv("is-active", host.unit), check=False, timeout=60).stdout.strip()
+        r.run(systemctl.action_argv(action, host.unit), timeout=host.service.start_timeout_s + 60)
+        state = r.run(systemctl.action_argv("is-active", host.unit), check=False, timeout=60).stdout.strip()
         return ServiceOutcome(action, state)
 
     return _with_host(host, act)
 
 
-def read_lock(host: HostConfig, *, break_it: bool = False) -> hs.HostSnapshot:
+def read_lock(host: HostConfig, *, break_it: bool = False) -> releaseroot.HostSnapshot:
     """The host as it was when looked at (its lock owner and lease); ``break_it`` removes the lock whoever holds
     it and records a lock-break in the history."""
-    layout = hs.Layout(host.root)
+    layout = releaseroot.Layout(host.root)
 
-    def act(r: Remote) -> hs.HostSnapshot:
-        snap = hs.read_snapshot(r, host.root, host.unit)
+    def act(r: Remote) -> releaseroot.HostSnapshot:
+        snap = releaseroot.read_snapshot(r, host.root, host.unit)
         if break_it and snap.lock_present:
             hostlock.release_lock(r, layout, None)
             host_history.append_history(r, layout, HistoryRecord(HistoryEvent.LOCK_BREAK, owner=snap.lock_owner))
@@ -152,10 +151,10 @@ def read_journal(
     """Each line of the unit's journal (``host.journal.logs_command``, JSON lines) to ``on_line``; following,
     until Ctrl-C. Before the first line, ``on_token`` hears the token the running invocation was handed (None
     before the first opsctl restart), so the lines can be judged as the gate judges them."""
-    remote = journal_commands.logs_command(host.unit, since=since, lines=lines, follow=follow, kdtree_only=kdtree_only)
+    remote = journal_query.logs_command(host.unit, since=since, lines=lines, follow=follow, kdtree_only=kdtree_only)
 
     def act(r: Remote) -> None:
-        on_token(hs.read_parity_token(r, hs.Layout(host.root)))
+        on_token(releaseroot.read_parity_token(r, releaseroot.Layout(host.root)))
         if follow:
             with contextlib.suppress(KeyboardInterrupt):
                 r.run(remote, timeout=10**8, check=False, on_output=on_line)

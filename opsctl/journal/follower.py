@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..gate.decision import UnitObservation
-from . import query as host_journal
+from . import query
 
 # Until every caller imports them from opsctl.journal.query, where they live beside their commands.
 from .query import Entry, Mark, message_text, parse_entries, parse_mark, parse_poll  # noqa: F401
@@ -31,7 +31,7 @@ class Follower:
             self.cursor = self.mark.cursor
 
     def poll_command(self) -> str:
-        return host_journal.poll_command(self.unit, self.cursor)
+        return query.poll_command(self.unit, self.cursor)
 
     def ingest(self, stdout: str) -> tuple[UnitObservation, list[Entry]]:
         """One poll's output -> the unit's state and the new invocation's entries not handed out before."""

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DeployFailed
-from ..host import releaseroot as hs
-from ..host import releaseroot as layout_commands
+from ..host import releaseroot
 from ..inventory import HostConfig
 from ..lock.hostlock import LockOwner
 from ..ssh.session import Connect, default_connect
@@ -52,9 +51,9 @@ def _inventory(found: _Found) -> Step:
         assert snap is not None
         listing = ""
         if snap.root_exists:
-            listing = r.run(layout_commands.foreign_files_command(run.host.root), timeout=1800).stdout
+            listing = r.run(releaseroot.foreign_files_command(run.host.root), timeout=1800).stdout
             du = r.run(
-                layout_commands.size_mb_command(run.host.root, snap.other_root_entries), timeout=600, check=False
+                releaseroot.size_mb_command(run.host.root, snap.other_root_entries), timeout=600, check=False
             ).stdout.split()
             found.size_mb = int(du[0]) if du and du[0].isdigit() else 0
         found.unit_text = r.read_file(snap.unit.fragment_path).decode() if snap.unit.fragment_path else ""
@@ -91,7 +90,7 @@ def _record(found: _Found) -> Step:
             "format": 1,
             "id": rid,
             "adopted": True,
-            "created_at": hs.utc_now(),
+            "created_at": releaseroot.utc_now(),
             "created_by": LockOwner.mine("adopt").user,
             "root": host.root,
             "files": found.files,
@@ -104,8 +103,8 @@ def _record(found: _Found) -> Step:
             },
         }
         r.write_file(f"{rel}/manifest.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
-        hs.switch_current(r, run.layout, rid)
-        hs.set_last_good(r, run.layout, rid)
+        releaseroot.switch_current(r, run.layout, rid)
+        releaseroot.set_last_good(r, run.layout, rid)
         run.record(
             HistoryRecord(
                 event=HistoryEvent.ADOPT,
@@ -129,7 +128,7 @@ def adopt(host: HostConfig, reporter: Reporter | None = None, *, connect: Connec
     steps = [
         Step("preflight", _preflight),
         _inventory(found),
-        Step("layout", lambda run: hs.ensure_layout(run.r, run.layout, adopted=True), shown=False),
+        Step("layout", lambda run: releaseroot.ensure_layout(run.r, run.layout, adopted=True), shown=False),
         lock_step(lambda run: f"adopt {found.release}"),
         _record(found),
     ]

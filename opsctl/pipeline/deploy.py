@@ -11,13 +11,12 @@ import tempfile
 from pathlib import Path
 
 from ..errors import DeployFailed, GateFailed, LockHeld
-from ..host import releaseroot as hs
-from ..host import releaseroot as layout_commands
+from ..host import releaseroot
 from ..inventory import HostConfig
 from ..lock import hostlock
 from ..release import Manifest, make_manifest, stage
 from ..ssh.session import Connect, DeployRemote, default_connect
-from ..unit import unitfile as unitmod
+from ..unit import unitfile
 from . import prerestart as checks
 from .plan import DeployOptions, make_plan
 from .report import ParityRecorder, Reporter
@@ -60,7 +59,7 @@ def _preflight(manifest: Manifest) -> Step:
 
 def _start_record(manifest: Manifest) -> Step:
     def run_(run: Run) -> None:
-        hs.ensure_layout(run.r, run.layout, adopted=False)
+        releaseroot.ensure_layout(run.r, run.layout, adopted=False)
         owner = run.owner
         assert owner is not None, "the start is recorded under the lock"
         run.record(
@@ -99,7 +98,7 @@ def _upload(src: Path, manifest: Manifest) -> Step:
 def _verify(manifest: Manifest) -> Step:
     def run_(run: Run) -> str:
         release_dir = run.layout.release(manifest.id)
-        run.r.run(layout_commands.verify_checksums_command(release_dir), stdin=manifest.checklist(), timeout=300)
+        run.r.run(releaseroot.verify_checksums_command(release_dir), stdin=manifest.checklist(), timeout=300)
         remote = Manifest.from_json(run.r.read_file(f"{release_dir}/manifest.json"))
         if remote.id != manifest.id:
             raise DeployFailed(f"manifest on the host names {remote.id}, expected {manifest.id}")
@@ -129,7 +128,7 @@ def _parity(manifest: Manifest) -> Step:
 
 def _store_unit(src: Path, manifest: Manifest) -> Step:
     def run_(run: Run) -> None:
-        text = unitmod.render_from_tree(src, run.host)
+        text = unitfile.render_from_tree(src, run.host)
         run.r.write_file(f"{run.layout.release(manifest.id)}/unit.service", text.encode())
 
     return Step("store unit", run_, shown=False)
@@ -155,7 +154,7 @@ def _staged(manifest: Manifest) -> Step:
 
 def _record_pass(manifest: Manifest) -> Step:
     def run_(run: Run) -> None:
-        run.call(lambda r: hs.set_last_good(r, run.layout, manifest.id))
+        run.call(lambda r: releaseroot.set_last_good(r, run.layout, manifest.id))
         run.record(
             HistoryRecord(
                 event=HistoryEvent.DEPLOY,
@@ -172,10 +171,10 @@ def _record_pass(manifest: Manifest) -> Step:
 def _cleanup(manifest: Manifest) -> Step:
     def run_(run: Run) -> str:
         def remove(r: DeployRemote) -> list[str]:
-            snap = hs.read_snapshot(r, run.host.root, run.host.unit)
+            snap = releaseroot.read_snapshot(r, run.host.root, run.host.unit)
             keep = [snap.current, snap.last_good, manifest.id, run.previous]
-            doomed = hs.select_for_removal(snap.releases, run.host.keep_releases, keep)
-            hs.remove_releases(r, run.layout, doomed)
+            doomed = releaseroot.select_for_removal(snap.releases, run.host.keep_releases, keep)
+            releaseroot.remove_releases(r, run.layout, doomed)
             return doomed
 
         removed = run.call(remove)

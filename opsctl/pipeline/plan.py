@@ -9,7 +9,7 @@ from ..host.releaseroot import HostSnapshot, Layout
 from ..inventory import HostConfig
 from ..lock import hostlock
 from ..release import Manifest
-from ..unit import unitfile as unitmod
+from ..unit import unitfile
 
 PRE_RESTART_PARITY_STEPS = 3
 
@@ -99,7 +99,7 @@ def _steps(
         steps.append(f"pre-restart parity ({PRE_RESTART_PARITY_STEPS} replay steps, rel < {host.gate.fail_rel:g})")
     steps += [
         f"switch {layout.current} -> releases/{manifest.id}",
-        f"install {unitmod.unit_path(host)} (daemon-reload if changed)",
+        f"install {unitfile.unit_path(host)} (daemon-reload if changed)",
     ]
     if not opts.no_restart:
         deadline = opts.gate_timeout_s or host.gate.deadline_s

@@ -12,7 +12,7 @@ from ..captures.capturedir import capture_dir
 from ..errors import DeployFailed, GateFailed
 from ..gate.decision import GateState, LineVerdict, Verdict
 from ..gate.lines import ParityLine
-from ..host import releaseroot as hs
+from ..host import releaseroot
 from ..host import replay as replay_commands
 from ..host.releaseroot import Layout
 from ..inventory import HostConfig
@@ -49,7 +49,7 @@ def prerestart_parity(r: Remote, host: HostConfig, layout: Layout, release: str,
     rel = layout.release(release)
     # The host's own captured traffic first (when any is stored): real trees, prefixes and magnitudes.
     captured = replay_captures(r, host, rel, reporter)
-    token = hs.new_parity_token()
+    token = releaseroot.new_parity_token()
     command = replay_commands.synthetic_replay_command(
         host.service.python, rel, token, steps=PRE_RESTART_PARITY_STEPS, threshold=host.gate.fail_rel
     )
@@ -99,7 +99,7 @@ def replay_captures(r: Remote, host: HostConfig, release_dir: str, reporter: Rep
     """Replay the verify calls captured on this host from its real traffic (``opsctl capture``; docs/capture.md)
     with the new release, judged by the gate's parser and rules (every line, every capturing rank). A failing or
     damaged one stops the deploy before the switch, as the synthetic check does. Returns the step's detail."""
-    token = hs.new_parity_token()
+    token = releaseroot.new_parity_token()
     t = time.monotonic()
     command = replay_commands.capture_replay_command(
         host.service.python, release_dir, capture_dir(host.root), token, threshold=host.gate.fail_rel

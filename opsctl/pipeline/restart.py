@@ -5,7 +5,7 @@ over to the rollback (opsctl.pipeline.rollback). The verdict goes to the history
 from __future__ import annotations
 
 from ..errors import DeployFailed
-from ..host import releaseroot as hs
+from ..host import releaseroot
 from ..inventory import HostConfig
 from ..ssh.session import Connect, default_connect
 from .plan import DeployOptions
@@ -36,7 +36,7 @@ def _record_restart() -> Step:
             HistoryRecord(event=HistoryEvent.RESTART, release=release, verdict=run.result.verdict, gate=run.result.gate)
         )
         if run.result.verdict is DeployVerdict.PASS:
-            run.call(lambda r: hs.set_last_good(r, run.layout, release))
+            run.call(lambda r: releaseroot.set_last_good(r, run.layout, release))
 
     return Step("record", run_, shown=False)
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 from ..errors import DeployFailed
 from ..gate.decision import Verdict
 from ..host import history as host_history
-from ..host import releaseroot as hs
+from ..host import releaseroot
 from ..host.releaseroot import HostSnapshot
 from ..inventory import HostConfig
 from ..ssh.session import Connect, default_connect
-from ..unit import systemctl as unit_commands
-from ..unit import unitfile
+from ..unit import systemctl, unitfile
 from .plan import DeployOptions
 from .report import Reporter
 from .result import DeployResult, DeployVerdict, HistoryEvent, HistoryRecord, NoRollback
@@ -30,7 +29,7 @@ from .watch import gate_detail, restart_unit, run_gate
 def rollback_target(snap: HostSnapshot, to: str | None, force: bool, history: list[HistoryRecord]) -> str:
     """Where `opsctl rollback` goes: --to ID, else the newest good release other than current. Pure."""
     if to is not None:
-        hs.check_id(to)
+        releaseroot.check_id(to)
         if to not in snap.releases:
             raise DeployFailed(f"release {to} is not on the host (have: {', '.join(sorted(snap.releases)) or 'none'})")
         if to in snap.bad and not force:
@@ -63,11 +62,11 @@ def restore_previous(run: Run, target: str | None, failed: str) -> None:
     host, layout, result = run.host, run.layout, run.result
     if target is None:
         with run.timer.timed(run.reporter, "rollback", "nothing to roll back to: stopping the unit"):
-            run.r.run(unit_commands.action_argv("stop", host.unit), timeout=300, check=False)
+            run.r.run(systemctl.action_argv("stop", host.unit), timeout=300, check=False)
         result.rolled_back_to, result.rollback_verdict = None, NoRollback.UNIT_STOPPED
         return
     with run.timer.timed(run.reporter, "rollback", f"current -> {target}") as note:
-        run.call(lambda r: hs.switch_current(r, layout, target))
+        run.call(lambda r: releaseroot.switch_current(r, layout, target))
         run.call(lambda r: unitfile.install_for_release(r, host, layout, target))
         run.switched = False
         result.current_after = target
@@ -91,7 +90,7 @@ def restore_previous(run: Run, target: str | None, failed: str) -> None:
         )
     )
     if gate.verdict is Verdict.PASS:
-        run.call(lambda r: hs.set_last_good(r, layout, target))
+        run.call(lambda r: releaseroot.set_last_good(r, layout, target))
 
 
 def undo_restart(run: Run) -> None:
@@ -112,9 +111,9 @@ def rollback_if_failed_step() -> Step:
         failed = run.result.release or ""
         reason = f"gate {run.result.verdict} after restart: {run.result.reason}"
         if run.result.verdict.marks_bad:
-            run.call(lambda r: hs.mark_bad(r, run.layout, failed, reason))
+            run.call(lambda r: releaseroot.mark_bad(r, run.layout, failed, reason))
         history = run.call(lambda r: host_history.read_history(r, run.layout))
-        after = run.call(lambda r: hs.read_snapshot(r, run.host.root, run.host.unit))
+        after = run.call(lambda r: releaseroot.read_snapshot(r, run.host.root, run.host.unit))
         try:
             target = rollback_target(after, None, False, history)
         except DeployFailed as e:
@@ -148,7 +147,7 @@ def _record_rollback(gated: bool, force: bool) -> Step:
         if not gated:
             run.conclude(DeployVerdict.DONE, "not gated (--no-gate)")
         elif run.gate is not None and run.gate.verdict is Verdict.PASS:
-            run.call(lambda r: hs.set_last_good(r, run.layout, target))
+            run.call(lambda r: releaseroot.set_last_good(r, run.layout, target))
         run.record(
             HistoryRecord(
                 event=HistoryEvent.ROLLBACK,

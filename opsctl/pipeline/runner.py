@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from ..errors import DeployFailed, OpsError, SshError
 from ..gate.decision import GateState
 from ..host import history as host_history
-from ..host import releaseroot as hs
+from ..host import releaseroot
 from ..host.releaseroot import HostSnapshot, Layout
 from ..inventory import HostConfig
 from ..journal.query import Mark
@@ -257,7 +257,7 @@ def _compensate(
     release = run.result.release or "-"
     try:
         if bad:
-            run.call(lambda r: hs.mark_bad(r, run.layout, release, reason))
+            run.call(lambda r: releaseroot.mark_bad(r, run.layout, release, reason))
         # Where `current` points once restored: back on the previous release, or (a first deploy, nothing to go
         # back to) still on the failed one with its unit stopped.
         current = run.previous if (run.previous or not run.switched) else release

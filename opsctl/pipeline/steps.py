@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from ..errors import DeployFailed
 from ..gate.decision import Verdict
-from ..host import releaseroot as hs
+from ..host import releaseroot
 from ..host.releaseroot import HostSnapshot
 from ..inventory import HostConfig
 from ..unit import unitfile
@@ -29,7 +29,7 @@ def require_managed(snap: HostSnapshot, host: HostConfig) -> None:
 
 def snapshot(run: Run) -> HostSnapshot:
     """The host as preflight sees it. Not retried: an unreachable host fails the command at once."""
-    run.snap = hs.read_snapshot(run.r, run.host.root, run.host.unit)
+    run.snap = releaseroot.read_snapshot(run.r, run.host.root, run.host.unit)
     return run.snap
 
 
@@ -40,7 +40,7 @@ def switch_step(target: Callable[[Run], str], *, undoable: bool) -> Step:
     """Point `current` at ``target``; undone by pointing it back at what was current before."""
 
     def run_(run: Run) -> str:
-        hs.switch_current(run.r, run.layout, target(run))
+        releaseroot.switch_current(run.r, run.layout, target(run))
         run.switched = True
         run.result.current_after = target(run)
         return ""
@@ -48,7 +48,7 @@ def switch_step(target: Callable[[Run], str], *, undoable: bool) -> Step:
     def undo(run: Run) -> None:
         previous = run.previous
         if run.switched and previous:
-            run.call(lambda r: hs.switch_current(r, run.layout, previous))
+            run.call(lambda r: releaseroot.switch_current(r, run.layout, previous))
             run.switched = False
             run.result.current_after = previous
 

@@ -12,14 +12,14 @@ from collections.abc import Callable
 from ..errors import DeployFailed, SshError
 from ..gate.decision import GateState, LineVerdict, Traffic, judge
 from ..gate.traffic import ProbeClient, Wave, describe_tally, probing, serves_http
-from ..host import releaseroot as hs
+from ..host import releaseroot
 from ..host.releaseroot import Layout
 from ..inventory import HostConfig
 from ..journal.follower import Follower
 from ..journal.query import Mark, mark_command, parse_mark
 from ..ssh.remote import Remote
 from ..ssh.session import Session
-from ..unit import systemctl as unit_commands
+from ..unit import systemctl
 from .report import Reporter
 
 
@@ -38,10 +38,10 @@ def restart_unit(r: Remote, host: HostConfig, reporter: Reporter | None = None) 
     ``reporter`` here, and the gate's summary in the history says ``token_checked: false``."""
     m = _mark(r, host)
     layout = Layout(host.root)
-    token = hs.new_parity_token()
-    hs.write_parity_token(r, layout, token)
-    out = r.run(unit_commands.restart_command(host.unit), timeout=host.service.start_timeout_s + 60).stdout
-    facts = unit_commands.parse_restart_output(out)
+    token = releaseroot.new_parity_token()
+    releaseroot.write_parity_token(r, layout, token)
+    out = r.run(systemctl.restart_command(host.unit), timeout=host.service.start_timeout_s + 60).stdout
+    facts = systemctl.parse_restart_output(out)
     carries_token = reads_token_file(facts.envfiles, layout.parity_env)
     if not carries_token and reporter is not None:
         reporter.info(token_warning(facts.envfiles, layout.parity_env))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..inventory import HostConfig
 from ..ssh.remote import Remote
-from . import systemctl as host_unit
+from . import systemctl
 
 if TYPE_CHECKING:
     from ..host.releaseroot import Layout
@@ -142,7 +142,7 @@ def render_from_tree(tree: Path, host: HostConfig) -> str:
 
 
 def unit_path(host: HostConfig) -> str:
-    return host_unit.unit_file_path(host.unit)
+    return systemctl.unit_file_path(host.unit)
 
 
 def digest(text: str | bytes) -> str:
@@ -154,12 +154,12 @@ def install(r: Remote, host: HostConfig, text: str, current_text: str | None) ->
     if current_text is not None and digest(current_text) == digest(text):
         return False
     r.write_file(unit_path(host), text.encode(), mode=0o644)
-    r.run(host_unit.daemon_reload_argv(), timeout=120)
+    r.run(systemctl.daemon_reload_argv(), timeout=120)
     return True
 
 
 def read_installed(r: Remote, host: HostConfig) -> str | None:
-    res = r.run(host_unit.read_unit_file_command(host.unit), timeout=60, check=False)
+    res = r.run(systemctl.read_unit_file_command(host.unit), timeout=60, check=False)
     return res.stdout if res.rc == 0 else None
 
 
@@ -167,5 +167,5 @@ def install_for_release(r: Remote, host: HostConfig, layout: Layout, release: st
     """Install the unit stored with a release (rendered at its deploy, or the hand-made one for release zero)."""
     text = r.read_file(f"{layout.release(release)}/unit.service").decode()
     changed = install(r, host, text, read_installed(r, host))
-    r.run(host_unit.enable_once_command(host.unit), timeout=60, check=False)
+    r.run(systemctl.enable_once_command(host.unit), timeout=60, check=False)
     return changed

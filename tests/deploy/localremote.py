@@ -35,7 +35,7 @@ class LocalRemote:
         command = cmd if isinstance(cmd, str) else shlex.join(cmd)
         self.commands.append(command)
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        p = subprocess.run(["bash", "-c", command], input=data, capture_output=True, timeout=timeout or 60)
+        p = subprocess.run(["/bin/sh", "-c", command], input=data, capture_output=True, timeout=timeout or 60)
         res = Result(command, p.returncode, p.stdout.decode(), p.stderr.decode())
         if check and p.returncode != 0:
             raise CommandFailed("local", command, p.returncode, res.stderr)

@@ -23,7 +23,7 @@ from opsctl import pipeline as d
 from opsctl.health.checks import evaluate
 from opsctl.health.levels import Level
 from opsctl.health.probe import ssh_probe
-from opsctl.host import releaseroot as hs
+from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh.client import connect
@@ -263,5 +263,5 @@ def test_health_probe_passes_on_a_healthy_host_and_is_crit_when_the_verify_path_
     assert bad is not None and bad.level is Level.CRIT, bad
     assert "TP rank(s) 1 of 2 printed no fresh parity line" in bad.detail
     with connect(tb) as r:
-        assert hs.read_snapshot(r, tb.root, tb.unit).current == make_manifest(silent).id
+        assert releaseroot.read_snapshot(r, tb.root, tb.unit).current == make_manifest(silent).id
     ensure_good(tb, good_tree, good_id)

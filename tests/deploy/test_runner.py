@@ -13,7 +13,7 @@ import pytest
 
 from opsctl.errors import CommandFailed, DeployFailed
 from opsctl.host import history as host_history
-from opsctl.host import releaseroot as hs
+from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig
 from opsctl.pipeline import DeployVerdict
 from opsctl.pipeline.runner import Concluded, Rejected, Run, Step, execute, lock_step
@@ -58,14 +58,14 @@ def open_run(host: HostConfig, log: Log) -> contextlib.AbstractContextManager[Ru
     return Run.open(host, "deploy", log, local, release=NEW)
 
 
-def prepared(host: HostConfig) -> hs.Layout:
+def prepared(host: HostConfig) -> releaseroot.Layout:
     """A managed root with OLD current and NEW uploaded."""
-    layout = hs.Layout(host.root)
+    layout = releaseroot.Layout(host.root)
     r = LocalRemote()
-    hs.ensure_layout(r, layout, adopted=False)
+    releaseroot.ensure_layout(r, layout, adopted=False)
     for rid in (OLD, NEW):
         os.makedirs(layout.release(rid))
-    hs.switch_current(r, layout, OLD)
+    releaseroot.switch_current(r, layout, OLD)
     return layout
 
 
@@ -73,17 +73,17 @@ def steps(done: list[str], fail_at: str | None = None, error: BaseException | No
     """snapshot, lock, then a switch to NEW (undone by switching back) and two plain steps."""
 
     def snapshot(run: Run) -> str:
-        run.snap = hs.read_snapshot(run.r, run.host.root, "nonexistent-unit-xyz")
+        run.snap = releaseroot.read_snapshot(run.r, run.host.root, "nonexistent-unit-xyz")
         return f"current {run.snap.current}"
 
     def switch(run: Run) -> str:
-        hs.switch_current(run.r, run.layout, NEW)
+        releaseroot.switch_current(run.r, run.layout, NEW)
         run.switched = True
         return ""
 
     def switch_back(run: Run) -> None:
         if run.switched and run.previous:
-            hs.switch_current(run.r, run.layout, run.previous)
+            releaseroot.switch_current(run.r, run.layout, run.previous)
             run.switched = False
         done.append("undo switch")
 
@@ -133,7 +133,7 @@ def test_a_rejected_release_is_marked_bad_recorded_and_every_started_step_undone
     assert result.verdict is DeployVerdict.FAIL and result.reason == "L3 rel=0.9"
     assert done == ["restart", "gate", "undo gate", "undo restart", "undo switch"]
     assert "failed gate: L3 rel=0.9" in log.lines
-    snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
+    snap = releaseroot.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == {NEW} and not snap.lock_present
     last = host_history.read_history(LocalRemote(), layout)[-1]
     assert (last.event, last.release, last.verdict, last.reason) == (
@@ -159,7 +159,7 @@ def test_an_error_before_the_restart_switches_back_records_and_goes_on(host: Hos
     with open_run(host, log) as run, pytest.raises(DeployFailed, match="build broke"):
         execute(run, steps(done, fail_at="restart", error=DeployFailed("build broke")))
     assert done == ["restart", "undo restart", "undo switch"]
-    snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
+    snap = releaseroot.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == set() and not snap.lock_present  # not a verdict on the release
     last = host_history.read_history(LocalRemote(), layout)[-1]
     assert (last.verdict, last.reason) == ("ERROR", "build broke")
@@ -179,7 +179,7 @@ def test_an_error_once_restarted_restores_and_ends_in_error_with_the_release_mar
         result = execute(run, s)
     assert result.verdict is DeployVerdict.ERROR and result.reason.endswith("the previous release was restored")
     assert done == ["undo restart", "undo switch"]
-    snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
+    snap = releaseroot.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == {NEW} and not snap.lock_present
 
 
@@ -188,7 +188,7 @@ def test_an_interrupt_restores_records_interrupted_and_goes_on(host: HostConfig)
     with open_run(host, log) as run, pytest.raises(KeyboardInterrupt):
         execute(run, steps(done, fail_at="gate", error=KeyboardInterrupt()))
     assert done == ["restart", "gate", "undo gate", "undo restart", "undo switch"]
-    snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
+    snap = releaseroot.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == set() and not snap.lock_present
     assert host_history.read_history(LocalRemote(), layout)[-1].verdict == "INTERRUPTED"
 
@@ -241,7 +241,7 @@ def test_an_unproven_release_is_undone_and_recorded_but_not_marked_bad(host: Hos
         result = execute(run, steps(done, fail_at="gate", error=rejection))
     assert result.verdict is DeployVerdict.UNPROVEN and result.verdict.exit_code == 32
     assert done == ["restart", "gate", "undo gate", "undo restart", "undo switch"]
-    snap = hs.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
+    snap = releaseroot.read_snapshot(LocalRemote(), host.root, "nonexistent-unit-xyz")
     assert snap.current == OLD and snap.bad == set() and not snap.lock_present  # a redeploy is not refused
     last = host_history.read_history(LocalRemote(), layout)[-1]
     assert (last.release, last.verdict, last.reason) == (NEW, "UNPROVEN", f"gate UNPROVEN: {reason}")

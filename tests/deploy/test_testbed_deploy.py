@@ -22,7 +22,7 @@ from opsctl import pipeline as d
 from opsctl.errors import DeployFailed, LockHeld, SshError
 from opsctl.gate.lines import ParityLine, parse_line
 from opsctl.host import history as host_history
-from opsctl.host import releaseroot as hs
+from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh.client import connect
@@ -80,12 +80,12 @@ def fast(host: HostConfig) -> HostConfig:
     return host.model_copy(update={"gate": gate})
 
 
-def state(host: HostConfig) -> tuple[hs.HostSnapshot, list[dict[str, Any]]]:
+def state(host: HostConfig) -> tuple[releaseroot.HostSnapshot, list[dict[str, Any]]]:
     with connect(host) as r:
-        return hs.read_snapshot(r, host.root, host.unit), host_history.read_history(r, hs.Layout(host.root))
+        return releaseroot.read_snapshot(r, host.root, host.unit), host_history.read_history(r, releaseroot.Layout(host.root))
 
 
-def assert_healthy(host: HostConfig, release: str) -> hs.HostSnapshot:
+def assert_healthy(host: HostConfig, release: str) -> releaseroot.HostSnapshot:
     snap, _ = state(host)
     assert snap.current == release
     assert snap.unit.active_state == "active", snap.unit
@@ -380,7 +380,7 @@ def test_ssh_cut_during_gate_resumes(
     assert any("SSH trouble" in m for m in rec.infos) and len(sessions) >= 2
     # No line counted twice: what the gate saw is exactly the journal's parity lines, in order, up to the verdict.
     with connect(tb2) as r:
-        inv = hs.read_snapshot(r, tb2.root, tb2.unit).unit.invocation_id
+        inv = releaseroot.read_snapshot(r, tb2.root, tb2.unit).unit.invocation_id
         text = r.run(f"journalctl _SYSTEMD_INVOCATION_ID={inv} -o cat --no-pager -q", timeout=60).stdout
     journal = [p.raw for p in (parse_line(x) for x in text.splitlines()) if isinstance(p, ParityLine)]
     seen = [p.raw for p in rec.parity_lines]

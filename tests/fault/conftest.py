@@ -15,7 +15,7 @@ import pytest
 
 from opsctl import pipeline
 from opsctl.fleet.rollout import plan_rollout, run_rollout
-from opsctl.host import releaseroot as hs
+from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.lock import hostlock
 from opsctl.ssh.client import connect
@@ -77,10 +77,10 @@ def _repair(host: HostConfig, tb: Testbed, tmp: Path) -> None:
     tb.free_disk(host.name)
     with connect(host) as r:  # one session for the checks of a host that is (nearly always) fine
         r.run(f"rm -f {FAKE_NVIDIA_SMI}", timeout=30)
-        snap = hs.read_snapshot(r, host.root, host.unit)
+        snap = releaseroot.read_snapshot(r, host.root, host.unit)
         if snap.lock_present:
-            hostlock.release_lock(r, hs.Layout(host.root), None)
-            snap = hs.read_snapshot(r, host.root, host.unit)
+            hostlock.release_lock(r, releaseroot.Layout(host.root), None)
+            snap = releaseroot.read_snapshot(r, host.root, host.unit)
     running = snap.unit.active_state == "active" and snap.unit.sub_state == "running"
     if not running or (snap.current is not None and snap.current in snap.bad):
         res = pipeline.deploy(host, next_variant(tmp, "repair"), pipeline.DeployOptions())

@@ -22,7 +22,7 @@ from opsctl import pipeline
 from opsctl.fleet.rollout import HostOutcome, LineReporter, outcome_from_result
 from opsctl.gate.traffic import ProbeClient, Wave
 from opsctl.host import history as host_history
-from opsctl.host import releaseroot as hs
+from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig
 from opsctl.release import BUNDLE_DIRS
 from opsctl.ssh.client import connect
@@ -118,8 +118,8 @@ class HostEnd:
 
 def read_end(host: HostConfig) -> HostEnd:
     with connect(host) as r:
-        snap = hs.read_snapshot(r, host.root, host.unit)
-        history = host_history.read_history(r, hs.Layout(host.root))
+        snap = releaseroot.read_snapshot(r, host.root, host.unit)
+        history = host_history.read_history(r, releaseroot.Layout(host.root))
     return HostEnd(
         host=host.name,
         current=snap.current,

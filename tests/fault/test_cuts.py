@@ -24,7 +24,7 @@ from opsctl.fleet.rollout import LineReporter
 from opsctl.health.checks import check_hosts
 from opsctl.health.levels import HostHealth, Level
 from opsctl.health.probe import ssh_probe
-from opsctl.host import releaseroot as hs
+from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig
 from opsctl.lock import hostlock
 from opsctl.release import make_manifest
@@ -300,7 +300,7 @@ def test_a_lost_reply_to_the_lock_does_not_leak_it(hosts: list[HostConfig], tmp_
 
 def test_an_expired_lease_is_taken_over_with_a_warning(hosts: list[HostConfig], tmp_path: Path) -> None:
     h = short_gate(by_name(hosts)["tb1"])
-    layout = hs.Layout(h.root)
+    layout = releaseroot.Layout(h.root)
     gone = hostlock.LockOwner.mine("deploy r00000000dead")
     with connect(h) as r:
         hostlock.acquire_lock(r, layout, gone, h.name, lease_s=1)
