@@ -1,4 +1,7 @@
-"""A Remote that runs commands in a local shell: exercises the real shell snippets of hoststate on a temp dir."""
+"""A Remote that runs commands in a local shell: exercises the real shell snippets of hoststate on a temp dir.
+
+The shell is ``/bin/sh`` (dash on Debian), as on a host, where the SSH layer runs every command with ``sh -c``
+(opsctl/ssh/wrap.py): a bash-ism in a command fails here as it would there."""
 
 from __future__ import annotations
 
