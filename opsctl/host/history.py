@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import StrEnum
@@ -19,7 +20,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from ..errors import EXIT_UNPROVEN, DeployFailed, GateFailed
 from ..gate.decision import Verdict
 from ..ssh.remote import Remote
-from .releaseroot import Layout, append_history_command, read_history_command, utc_now
+from .releaseroot import Layout, read_quietly_command, utc_now
 
 
 class HistoryEvent(StrEnum):
@@ -166,6 +167,17 @@ def _typed(value: Any, kind: type) -> Any:
     if kind is int and isinstance(value, bool):
         return None
     return value if isinstance(value, kind) else None
+
+
+def append_history_command(layout: Layout, line: str) -> str:
+    """Append one line (one small write: concurrent readers never see half of it)."""
+    return (
+        f"mkdir -p {shlex.quote(layout.state)} && printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(layout.history)}"
+    )
+
+
+def read_history_command(layout: Layout) -> str:
+    return read_quietly_command(layout.history)
 
 
 def append_history(r: Remote, layout: Layout, record: HistoryRecord) -> None:

@@ -10,9 +10,11 @@ nothing built here deletes outside ``<root>/releases`` and ``<root>/state/lock``
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import getpass
 import json
+import re
 import secrets
 import shlex
 import socket
@@ -118,20 +120,9 @@ def ensure_layout_command(layout: Layout, managed_doc: str) -> str:
     )
 
 
-def append_history_command(layout: Layout, line: str) -> str:
-    """Append one line (one small write: concurrent readers never see half of it)."""
-    return (
-        f"mkdir -p {shlex.quote(layout.state)} && printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(layout.history)}"
-    )
-
-
 def read_quietly_command(path: str) -> str:
     """``cat`` that prints nothing, and succeeds, when the file is not there."""
     return f"cat -- {shlex.quote(path)} 2>/dev/null || true"
-
-
-def read_history_command(layout: Layout) -> str:
-    return read_quietly_command(layout.history)
 
 
 def switch_current_command(layout: Layout, release: str, tmp_name: str) -> str:
@@ -164,6 +155,27 @@ def release_meta_command(layout: Layout) -> str:
     """Per release: ``== <id>`` then its manifest's created_at, commit and dirty lines."""
     fields = "; ".join(f'grep -m1 \'"{k}"\' "$d/manifest.json" 2>/dev/null' for k in ("created_at", "commit", "dirty"))
     return f'for d in {shlex.quote(layout.releases)}/*/; do echo "== $(basename "$d")"; {fields}; done'
+
+
+_META_LINE = re.compile(r'\s*"(created_at|commit|dirty)":\s*(.*?),?\s*$')
+
+
+def parse_release_meta(text: str) -> dict[str, dict[str, Any]]:
+    """The output of :func:`release_meta_command` -> {release: {created_at, commit, dirty}}. Pure."""
+    out: dict[str, dict[str, Any]] = {}
+    cur: dict[str, Any] | None = None
+    for line in text.split("\n"):
+        if line.startswith("== "):
+            cur = out.setdefault(line[3:].strip(), {})
+            continue
+        m = _META_LINE.match(line)
+        if m and cur is not None:
+            with contextlib.suppress(ValueError):
+                cur[m.group(1)] = json.loads(m.group(2))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ reads (I/O)
 
 
 def foreign_files_command(root: str) -> str:

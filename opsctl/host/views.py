@@ -4,8 +4,6 @@ CLI renders what these return and never opens SSH itself. The remote command lin
 from __future__ import annotations
 
 import contextlib
-import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,27 +20,8 @@ from .history import HistoryEvent, HistoryRecord
 
 SERVICE_ACTIONS = ("start", "stop", "status")
 T = TypeVar("T")
-_META_LINE = re.compile(r'\s*"(created_at|commit|dirty)":\s*(.*?),?\s*$')
 
 # ------------------------------------------------------------------------------------------------ commands (pure)
-
-
-def parse_release_meta(text: str) -> dict[str, dict[str, Any]]:
-    """The output of ``host.layout.release_meta_command`` -> {release: {created_at, commit, dirty}}. Pure."""
-    out: dict[str, dict[str, Any]] = {}
-    cur: dict[str, Any] | None = None
-    for line in text.splitlines():
-        if line.startswith("== "):
-            cur = out.setdefault(line[3:].strip(), {})
-            continue
-        m = _META_LINE.match(line)
-        if m and cur is not None:
-            with contextlib.suppress(ValueError):
-                cur[m.group(1)] = json.loads(m.group(2))
-    return out
-
-
-# ------------------------------------------------------------------------------------------------ reads (I/O)
 
 
 def _with_host(host: HostConfig, fn: Callable[[Remote], T]) -> T:
@@ -65,7 +44,7 @@ def read_releases(host: HostConfig) -> ReleasesView:
     def gather(r: Remote) -> ReleasesView:
         snap = releaseroot.read_snapshot(r, host.root, host.unit)
         meta = r.run(releaseroot.release_meta_command(layout), timeout=60, check=False).stdout
-        return ReleasesView(snap, host_history.read_history(r, layout), parse_release_meta(meta))
+        return ReleasesView(snap, host_history.read_history(r, layout), releaseroot.parse_release_meta(meta))
 
     return _with_host(host, gather)
 

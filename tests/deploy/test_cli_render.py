@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 
 from opsctl.cli import logs as cli_logs
-from opsctl.host import views as hostinfo
+from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig
 
 SHAPES = "[kdtree] shapes q=(9, 8, 576) kv_buf=(195012, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=21 scale=0.14468 mask=(270,)"
@@ -73,7 +73,7 @@ def test_regex_grep_and_bad_regex() -> None:
 
 def test_release_meta() -> None:
     text = '== r00000000000a\n "created_at": "2026-01-01T00:00:00Z",\n  "commit": "abc",\n  "dirty": true\n== r0-00000000000b\n'
-    meta = hostinfo.parse_release_meta(text)
+    meta = releaseroot.parse_release_meta(text)
     assert meta["r00000000000a"] == {"created_at": "2026-01-01T00:00:00Z", "commit": "abc", "dirty": True}
     assert meta["r0-00000000000b"] == {}
 

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 from opsctl.host import releaseroot
-from opsctl.host import views as hostinfo
 from opsctl.host.releaseroot import release_meta_command
 
 
@@ -19,7 +18,7 @@ def test_release_meta_of_each_manifest_as_the_host_prints_it(tmp_path: Path) -> 
         doc = {"created_at": "2026-01-01T00:00:00Z", "source": {"commit": commit, "dirty": False}}
         Path(layout.release(rid), "manifest.json").write_text(json.dumps(doc, indent=1))
     out = subprocess.run(["/bin/sh", "-c", release_meta_command(layout)], capture_output=True, text=True).stdout
-    meta = hostinfo.parse_release_meta(out)
+    meta = releaseroot.parse_release_meta(out)
     assert meta["r00000000000a"] == {"created_at": "2026-01-01T00:00:00Z", "commit": "abc", "dirty": False}
     assert meta["r00000000000b"]["commit"] is None
 

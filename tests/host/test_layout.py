@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.errors import DeployFailed
+from opsctl.host import history as host_history
 from opsctl.host import releaseroot as hl
 from opsctl.host.facts import facts_command
 
@@ -37,10 +38,10 @@ def test_only_release_ids_are_removed() -> None:
 def test_history_line_survives_the_shell(tmp_path: Path) -> None:
     lay = hl.Layout(str(tmp_path / "k e"))
     line = '{"note": "it\'s \\"quoted\\" $HOME `id`"}'
-    assert sh(hl.append_history_command(lay, line)).returncode == 0
-    assert sh(hl.append_history_command(lay, line)).returncode == 0
-    assert sh(hl.read_history_command(lay)).stdout == f"{line}\n{line}\n"
-    assert sh(hl.read_history_command(hl.Layout(str(tmp_path / "none")))).returncode == 0
+    assert sh(host_history.append_history_command(lay, line)).returncode == 0
+    assert sh(host_history.append_history_command(lay, line)).returncode == 0
+    assert sh(host_history.read_history_command(lay)).stdout == f"{line}\n{line}\n"
+    assert sh(host_history.read_history_command(hl.Layout(str(tmp_path / "none")))).returncode == 0
 
 
 def test_ensure_layout_keeps_an_existing_managed_doc(tmp_path: Path) -> None:
