@@ -26,28 +26,37 @@ from .steps import gate_step, require_managed, restart_step, snapshot, switch_st
 from .watch import gate_detail, restart_unit, run_gate
 
 
+def _chosen_target(snap: HostSnapshot, to: str, force: bool) -> str:
+    """--to ID: a release on the host, not current, and not a bad one unless forced."""
+    releaseroot.check_id(to)
+    if to not in snap.releases:
+        raise DeployFailed(f"release {to} is not on the host (have: {', '.join(sorted(snap.releases)) or 'none'})")
+    if to in snap.bad and not force:
+        raise DeployFailed(f"release {to} is marked bad; use --force to roll back to it anyway")
+    if to == snap.current:
+        raise DeployFailed(f"release {to} is already current")
+    return to
+
+
+def _good_candidates(snap: HostSnapshot, history: list[HistoryRecord]) -> list[str]:
+    """Releases that passed a gate (or were adopted), newest first, the recorded last-good one before them; only
+    those still on the host, not current and not marked bad."""
+
+    def usable(release: str | None) -> bool:
+        return bool(release) and release != snap.current and release in snap.releases and release not in snap.bad
+
+    passed = [r.release for r in history if r.verdict is DeployVerdict.PASS or r.event is HistoryEvent.ADOPT]
+    candidates = [r for r in reversed(passed) if r and usable(r)]
+    if snap.last_good and usable(snap.last_good):
+        candidates.insert(0, snap.last_good)
+    return candidates
+
+
 def rollback_target(snap: HostSnapshot, to: str | None, force: bool, history: list[HistoryRecord]) -> str:
     """Where `opsctl rollback` goes: --to ID, else the newest good release other than current. Pure."""
     if to is not None:
-        releaseroot.check_id(to)
-        if to not in snap.releases:
-            raise DeployFailed(f"release {to} is not on the host (have: {', '.join(sorted(snap.releases)) or 'none'})")
-        if to in snap.bad and not force:
-            raise DeployFailed(f"release {to} is marked bad; use --force to roll back to it anyway")
-        if to == snap.current:
-            raise DeployFailed(f"release {to} is already current")
-        return to
-    passed = [
-        r.release for r in history if r.release and (r.verdict is DeployVerdict.PASS or r.event is HistoryEvent.ADOPT)
-    ]
-    candidates = [r for r in reversed(passed) if r != snap.current and r in snap.releases and r not in snap.bad]
-    if (
-        snap.last_good
-        and snap.last_good != snap.current
-        and snap.last_good in snap.releases
-        and snap.last_good not in snap.bad
-    ):
-        candidates.insert(0, snap.last_good)
+        return _chosen_target(snap, to, force)
+    candidates = _good_candidates(snap, history)
     if not candidates:
         raise DeployFailed(
             "nothing to roll back to: no other release on the host has passed a gate"
