@@ -30,15 +30,14 @@ from opsctl.errors import UsageError
 from opsctl.gate.decision import Verdict
 from opsctl.host.replay import ReleaseCommand, capture_replay_command
 from opsctl.inventory import GateSettings, HostConfig
+from tests import builders
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "0123456789abcdef0123456789abcdef"
 
 
 def host(tp: int = 2, root: str = "/root/kdtree-engine", python: str = "/usr/bin/python3") -> HostConfig:
-    h = HostConfig.model_validate(
-        {"name": "h1", "address": "127.0.0.1", "service": {"tp": tp, "python": python, "mode": "replay"}}
-    )
+    h = builders.host("h1", service={"tp": tp, "python": python, "mode": "replay"})
     # The inventory refuses unsafe roots; copied in unvalidated here, so that the quoting is what gets tested.
     return h.model_copy(update={"root": root})
 

@@ -9,6 +9,7 @@ from rich.console import Console
 from opsctl.cli import logs as cli_logs
 from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig
+from tests import builders
 
 SHAPES = "[kdtree] shapes q=(9, 8, 576) kv_buf=(195012, 576) bs=1 q_len=9 Dl=512 Dr=64 kv_len_max=21 scale=0.14468 mask=(270,)"
 PARITY = "[2026-05-31 13:04:12 TP3] [kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00 tp=3"
@@ -33,7 +34,7 @@ def piped(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
 
 
 def host() -> HostConfig:
-    return HostConfig(name="h", address="127.0.0.1", gpu_arch=None)
+    return builders.host("h", gpu_arch=None)
 
 
 def test_shapes_decoded_with_bug_warning(out: io.StringIO) -> None:

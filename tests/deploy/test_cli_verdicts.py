@@ -17,13 +17,14 @@ from opsctl.gate.decision import LineVerdict
 from opsctl.host import views as hostinfo
 from opsctl.host.releaseroot import parse_snapshot
 from opsctl.inventory import HostConfig
+from tests import builders
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 OTHER = "fedcba9876543210fedcba9876543210"
 
 
 def host(tp: int = 2) -> HostConfig:
-    return HostConfig.model_validate({"name": "h", "address": "127.0.0.1", "gpu_arch": None, "service": {"tp": tp}})
+    return builders.host("h", gpu_arch=None, service={"tp": tp})
 
 
 def parity(rel: str = "1.0e-03", rank: int = 0, layer: int = 30, token: str | None = TOKEN) -> str:

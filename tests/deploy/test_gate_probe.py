@@ -14,6 +14,7 @@ from opsctl.gate.traffic import RequestOutcome, Wave
 from opsctl.host.history import HistoryEvent, parse_history
 from opsctl.inventory import GateSettings, HostConfig
 from opsctl.pipeline.result import DeployResult, DeployVerdict, describe_restart_times, last_restart_times
+from tests import builders
 
 S = GateSettings(pass_rel=0.01, fail_rel=0.05, consecutive_passes=3, deadline_s=60, max_restarts=1, ssh_retries=2)
 TOKEN = "t0k3n"
@@ -201,7 +202,7 @@ def test_the_verdict_line_carries_the_probe() -> None:
     )
 
 
-HOSTS = [HostConfig(name=f"h{i}", address="127.0.0.1", gpu_arch=None) for i in range(4)]
+HOSTS = [builders.host(f"h{i}", gpu_arch=None) for i in range(4)]
 
 
 def test_an_unproven_host_does_not_count_against_max_fail_but_the_roll_out_is_not_ok() -> None:

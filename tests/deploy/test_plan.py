@@ -5,23 +5,17 @@ import pytest
 from opsctl.errors import DeployFailed
 from opsctl.host.history import DeployVerdict, HistoryEvent, HistoryRecord
 from opsctl.host.releaseroot import HostSnapshot, UnitInfo
-from opsctl.inventory import HostConfig, ServiceSettings
+from opsctl.inventory import HostConfig
 from opsctl.pipeline import DeployOptions, make_plan, rollback_target
 from opsctl.release import FileEntry, Manifest
+from tests import builders
 
 NEW = "r00000000000d"
 OLD = "r00000000000b"
 
 
 def host(gpu: str | None = None) -> HostConfig:
-    return HostConfig(
-        name="tb1",
-        address="127.0.0.1",
-        gpu_arch=gpu,
-        root="/srv/k",
-        min_free_disk_mb=100,
-        service=ServiceSettings(mode="replay"),
-    )
+    return builders.host("tb1", gpu_arch=gpu, root="/srv/k", min_free_disk_mb=100, service={"mode": "replay"})
 
 
 def manifest(rid: str = NEW) -> Manifest:

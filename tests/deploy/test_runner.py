@@ -17,6 +17,7 @@ from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig
 from opsctl.pipeline import DeployVerdict
 from opsctl.pipeline.runner import Concluded, Rejected, Run, Step, execute, lock_step
+from tests import builders
 
 from .localremote import LocalRemote
 
@@ -46,7 +47,7 @@ class Log:
 
 @pytest.fixture
 def host(tmp_path: Path) -> HostConfig:
-    return HostConfig(name="h1", address="127.0.0.1", gpu_arch=None, root=str(tmp_path / "kdtree-engine"))
+    return builders.host("h1", gpu_arch=None, root=str(tmp_path / "kdtree-engine"))
 
 
 @contextlib.contextmanager

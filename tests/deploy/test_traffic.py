@@ -18,6 +18,7 @@ import pytest
 from opsctl.gate import traffic_on_host as traffic
 from opsctl.gate.traffic import ProbeClient, command, parse_wave, plan_lines, wave_config
 from opsctl.inventory import GateSettings, HostConfig, ProbeSettings, ServiceSettings
+from tests import builders
 
 from .localremote import LocalRemote
 
@@ -205,12 +206,11 @@ def test_a_bad_configuration_exits_2_with_the_reason() -> None:
 
 
 def host_for(server: Server, env_file: str | None = None, **probe: Any) -> HostConfig:
-    return HostConfig(
-        name="h1",
-        address="127.0.0.1",
+    return builders.host(
+        "h1",
         gpu_arch=None,
-        service=ServiceSettings(mode="sglang", port=server.port, tp=2, environment_file=env_file),
-        gate=GateSettings(probe=ProbeSettings(**{"requests": 2, "max_new_tokens": 3, **probe})),
+        service={"mode": "sglang", "port": server.port, "tp": 2, "environment_file": env_file},
+        gate={"probe": {"requests": 2, "max_new_tokens": 3, **probe}},
     )
 
 

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.inventory import HostConfig, ServiceSettings, parse
+from opsctl.inventory import HostConfig, parse
 from opsctl.unit.unitfile import exec_argv, render, render_from_tree, systemd_word
+from tests import builders
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = (REPO / "systemd" / "sglang-k26-ddtree.service").read_text()
@@ -13,18 +14,18 @@ LOCAL_PYTHON = "/usr/bin/python3"
 
 
 def gpu_host(**service: object) -> HostConfig:
-    svc = ServiceSettings(python=LOCAL_PYTHON, environment_file="/etc/kdtree-engine/sglang.env", **service)  # type: ignore[arg-type]
-    return HostConfig(name="gpu1", address="10.0.0.1", gpu_arch="12.0", root="/srv/kdtree-engine", service=svc)
+    svc = {"python": LOCAL_PYTHON, "environment_file": "/etc/kdtree-engine/sglang.env", **service}
+    return builders.host("gpu1", address="10.0.0.1", gpu_arch="12.0", root="/srv/kdtree-engine", service=svc)
 
 
 def replay_host() -> HostConfig:
-    svc = ServiceSettings(mode="replay", python=LOCAL_PYTHON, replay_args=["--interval", "0.5"])
-    return HostConfig(name="tb1", address="127.0.0.1", gpu_arch=None, root="/srv/kdtree-engine", service=svc)
+    svc = {"mode": "replay", "python": LOCAL_PYTHON, "replay_args": ["--interval", "0.5"]}
+    return builders.host("tb1", gpu_arch=None, root="/srv/kdtree-engine", service=svc)
 
 
 def standin_host(*args: str) -> HostConfig:
-    svc = ServiceSettings(mode="standin", python=LOCAL_PYTHON, port=30007, tp=2, standin_args=list(args))
-    return HostConfig(name="tb2", address="127.0.0.1", gpu_arch=None, root="/srv/kdtree-engine", service=svc)
+    svc = {"mode": "standin", "python": LOCAL_PYTHON, "port": 30007, "tp": 2, "standin_args": list(args)}
+    return builders.host("tb2", gpu_arch=None, root="/srv/kdtree-engine", service=svc)
 
 
 def test_gpu_unit_contents() -> None:
@@ -124,8 +125,8 @@ def test_systemd_analyze_verify(tmp_path: Path, host: HostConfig) -> None:
 
 
 def percent_host() -> HostConfig:
-    svc = ServiceSettings(mode="replay", python=LOCAL_PYTHON, environment_file="/etc/kd%i/sglang%.env")
-    return HostConfig(name="tb1", address="127.0.0.1", gpu_arch=None, root="/srv/kd%n", service=svc)
+    svc = {"mode": "replay", "python": LOCAL_PYTHON, "environment_file": "/etc/kd%i/sglang%.env"}
+    return builders.host("tb1", gpu_arch=None, root="/srv/kd%n", service=svc)
 
 
 def test_percent_in_inventory_values_is_escaped_for_systemd() -> None:

@@ -16,8 +16,8 @@ from opsctl.health.alerts import Alert, AlertState, Delivery, _post_webhook, dec
 from opsctl.health.checks import evaluate
 from opsctl.health.levels import HostHealth
 from opsctl.inventory import WebhookUrl
+from tests.builders import inventory
 
-from .hosts import inventory
 from .test_health_eval import REPLAY, healthy
 
 

@@ -10,8 +10,7 @@ import pytest
 from opsctl.errors import HostUnreachable
 from opsctl.fleet.fanout import HostResult, run_on_hosts
 from opsctl.inventory import HostConfig
-
-from .hosts import inventory
+from tests.builders import inventory
 
 HOSTS = list(inventory(["h1", "h2", "h3", "h4"]).hosts.values())
 

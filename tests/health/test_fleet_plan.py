@@ -20,8 +20,7 @@ from opsctl.fleet.rollout import (
 )
 from opsctl.host.history import DeployVerdict
 from opsctl.inventory import HostConfig
-
-from .hosts import inventory
+from tests.builders import inventory
 
 
 def hosts(n: int) -> list[HostConfig]:

@@ -11,8 +11,7 @@ from opsctl.health.checks import evaluate, restarts_since, stale_lock_age_s
 from opsctl.health.findings import DriftFacts, GpuFacts, HostFacts, HttpFacts, LockFacts, ParitySample, UnitFacts
 from opsctl.health.levels import CHECK_NAMES, Level, exit_code
 from opsctl.health.localstate import PreviousRun
-
-from .hosts import host
+from tests.builders import host
 
 ACTIVE = UnitFacts("loaded", "active", "running", 0, "inv-1")
 MANIFEST = {"backend/a.py": "aa", "kernel/b.cu": "bb"}

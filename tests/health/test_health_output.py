@@ -13,8 +13,8 @@ from opsctl.health.checks import check_hosts, evaluate
 from opsctl.health.findings import HostFacts, UnitFacts
 from opsctl.health.levels import HostHealth, Level
 from opsctl.health.localstate import HealthHistory, write_atomic
+from tests.builders import inventory
 
-from .hosts import inventory
 from .test_health_eval import REPLAY, healthy
 
 # One sample line of the text exposition format: name{labels} value

@@ -7,8 +7,7 @@ from opsctl.gate.lines import ParityLine, parse_line
 from opsctl.health.checks import check_probe
 from opsctl.health.findings import ProbeFacts
 from opsctl.health.levels import Level
-
-from .hosts import host
+from tests.builders import host
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 H = host(service={"mode": "standin", "tp": 2}, gpu_arch=None)

@@ -23,8 +23,7 @@ from opsctl.health.probe import (
     read_probe,
 )
 from opsctl.release import FileEntry, Manifest, release_id
-
-from .hosts import host
+from tests.builders import host
 
 
 def make_release(root: Path) -> Path:

@@ -10,8 +10,7 @@ import pytest
 
 from opsctl.errors import UsageError
 from opsctl.health import schedule
-
-from .hosts import inventory
+from tests.builders import inventory
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 

@@ -1,0 +1,35 @@
+"""The tests' one set of builders for hosts and inventories (``from tests.builders import host, inventory``).
+
+``host`` is one ``HostConfig`` with the inventory's defaults, at 127.0.0.1 unless told otherwise; ``inventory`` goes
+through the real parser (``opsctl.inventory.parse``), so defaults, merging and validation apply as for a file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from opsctl.inventory import HostConfig, Inventory, parse
+
+LOCAL = "127.0.0.1"
+
+
+def host(name: str = "h1", **fields: Any) -> HostConfig:
+    """One host named ``name``: ``fields`` as inventory.yaml would give them (sections such as ``service`` or
+    ``gate`` as mappings or as settings objects), ``address`` 127.0.0.1 unless given, every other field its
+    inventory default (``gpu_arch`` included: pass ``gpu_arch=None`` for a host without a GPU)."""
+    return HostConfig.model_validate({"name": name, "address": LOCAL, **fields})
+
+
+def inventory(hosts: dict[str, dict[str, Any]] | list[str], defaults: dict[str, Any] | None = None) -> Inventory:
+    """An inventory of ``hosts`` (name -> fields, or just names) at 127.0.0.1 unless ``defaults`` say otherwise,
+    all of them in the group ``fleet``; parsed from YAML as a file would be."""
+    if isinstance(hosts, list):
+        hosts = {h: {} for h in hosts}
+    doc = {
+        "defaults": {"address": LOCAL, **(defaults or {})},
+        "hosts": hosts,
+        "groups": {"fleet": list(hosts)},
+    }
+    return parse(yaml.safe_dump(doc), "test-inventory.yaml")
