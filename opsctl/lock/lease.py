@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from ..host.releaseroot import Layout
 from ..inventory import HostConfig
-from ..lock import hostlock
-from ..lock.hostlock import LockOwner
-from ..pipeline.report import Reporter
 from ..ssh.session import Connect, Session
+from . import hostlock
+from .hostlock import LockOwner
+
+if TYPE_CHECKING:
+    # The lock sits below the pipeline: only the pipeline's progress type is named here, nothing is imported.
+    from ..pipeline.report import Reporter
 
 
 class LeaseKeeper:
