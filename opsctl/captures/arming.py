@@ -228,7 +228,7 @@ def take_capture(
     """Prune old captures, arm a new one, wait for every TP rank, disarm. ``on_armed`` is told the request and
     returns the progress callback for the wait. UsageError when a capture is armed already; CaptureFailed when
     the ranks do not finish within ``timeout_s``."""
-    from ..ssh.client import connect
+    from ..ssh import connect
 
     with connect(host) as r:
         snap = releaseroot.read_snapshot(r, host.root, host.unit)

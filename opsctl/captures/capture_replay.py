@@ -142,7 +142,7 @@ def _release_dir(r: Remote, host: HostConfig, release: str) -> tuple[str, str]:
 
 def replay_release(host: HostConfig, release: str, token: str) -> ReplayRun:
     """Replay every stored capture with ``release`` (an id, or 'current') on the host, nothing switched."""
-    from ..ssh.client import connect
+    from ..ssh import connect
 
     with connect(host) as r:
         release_id, path = _release_dir(r, host, release)

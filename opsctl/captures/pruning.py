@@ -85,7 +85,7 @@ def request_to_remove(listing: Listing, *, prune: bool, disarm: bool) -> Request
 def list_captures(host: HostConfig, limits: PruneLimits | None, *, disarm: bool = False) -> ListRun:
     """What is stored; with ``limits`` the captures removed by the prune plan (and a dead request file); with
     ``disarm`` the request file removed whatever it names."""
-    from ..ssh.client import connect
+    from ..ssh import connect
 
     with connect(host) as r:
         listing = read_listing(r, host)

@@ -289,7 +289,7 @@ def verify_probe(r: Remote, host: HostConfig) -> ProbeFacts:
 def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False, probe: bool = False) -> HostFacts:
     """Probe one host in one SSH round trip (with ``probe``, and an HTTP API, a few more: :func:`verify_probe`).
     Any SSH failure is an unreachable host, never an exception."""
-    from ..ssh.client import connect
+    from ..ssh import connect
 
     t0 = time.monotonic()
     verify = None

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ..errors import AuthFailed, HostKeyMismatch, HostKeyUnknown, OpsError
 from ..fleet.fanout import DEFAULT_WORKERS, run_on_hosts
 from ..inventory import HostConfig
-from ..ssh.client import connect
+from ..ssh import connect
 from .facts import Gpu, facts_command, parse_facts
 
 FACTS_TIMEOUT_S = 30.0

@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 
 def _with_host(host: HostConfig, fn: Callable[[Remote], T]) -> T:
-    from ..ssh.client import connect
+    from ..ssh import connect
 
     with connect(host) as r:
         return fn(r)

@@ -12,7 +12,7 @@
     from opsctl.ssh import connect
 """
 
-from .client import CommandResult, Remote, connect
+from .client import CommandResult, SshSession, connect
 from .endpoint import SSH_CONFIG_ENV, Endpoint, Jump, known_hosts_name, resolve_endpoint, ssh_config_path
 from .hostkeys import fingerprint
 from .transfer import RsyncStats, openssh_command, parse_rsync_stats, rsync_argv
@@ -22,8 +22,8 @@ __all__ = [
     "CommandResult",
     "Endpoint",
     "Jump",
-    "Remote",
     "RsyncStats",
+    "SshSession",
     "connect",
     "fingerprint",
     "known_hosts_name",

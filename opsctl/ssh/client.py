@@ -1,4 +1,5 @@
-"""A live SSH session to one host: ``connect`` opens it (through ProxyJump hops), ``Remote`` runs commands on it.
+"""A live SSH session to one host: ``connect`` opens it (through ProxyJump hops), ``SshSession`` runs commands on it
+(it satisfies the ``Remote`` protocol of opsctl.ssh.remote).
 
     with connect(host) as r:
         r.run(["systemctl", "is-active", host.unit], check=False)
@@ -42,7 +43,7 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 STDERR_TAIL_LINES = 20
 READ_CHUNK = 65536
 
-__all__ = ["CommandResult", "Remote", "connect"]
+__all__ = ["CommandResult", "SshSession", "connect"]
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,8 @@ def _open_client(
 
 
 @contextmanager
-def connect(host: HostConfig, *, accept_new_host_key: bool = False) -> Iterator[Remote]:
-    """Open an SSH session to ``host`` (through its ProxyJump hops, if any) and yield a Remote."""
+def connect(host: HostConfig, *, accept_new_host_key: bool = False) -> Iterator[SshSession]:
+    """Open an SSH session to ``host`` (through its ProxyJump hops, if any) and yield its SshSession."""
     ep = resolve_endpoint(host)
     accept_new = accept_new_host_key or host.host_key_policy == "accept-new"
     with ExitStack() as stack:
@@ -164,10 +165,10 @@ def connect(host: HostConfig, *, accept_new_host_key: bool = False) -> Iterator[
                 ) from None
         client = _open_client(host.name, ep.hostname, ep.port, ep.user, ep.identity_files, ep, accept_new, sock)
         stack.callback(client.close)
-        yield Remote(host=host, endpoint=ep, client=client)
+        yield SshSession(host=host, endpoint=ep, client=client)
 
 
-# ---------------------------------------------------------------------------------------------- Remote
+# ---------------------------------------------------------------------------------------------- SshSession
 
 
 class _LineSplitter:
@@ -255,7 +256,7 @@ def _tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
 
 
 @dataclass
-class Remote:
+class SshSession:
     """A live SSH session to one host. Obtain it from ``connect``."""
 
     host: HostConfig

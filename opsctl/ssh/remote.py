@@ -1,6 +1,6 @@
 """The one ``Remote`` protocol: what every module that runs commands on a host needs from a session.
 
-``opsctl.ssh.client.Remote`` (a live SSH session) satisfies it, and so do the tests' local shells; code that only
+``opsctl.ssh.client.SshSession`` (a live SSH session) satisfies it, and so do the tests' local shells; code that only
 builds and runs commands depends on this protocol, never on Paramiko.
 """
 

@@ -18,7 +18,7 @@ def reset_host(host: HostConfig, testbed: Testbed | None = None) -> None:
     Boots it if it was powered off, restores its disk and sshd, then over SSH: stops and removes the unit (and
     its drop-ins), removes the release root, reloads systemd and resets failed units.
     """
-    from ..ssh.client import connect
+    from ..ssh import connect
 
     tb = testbed or testbed_of(host)
     if host.name in tb.provisioned():

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 from opsctl.gate.traffic import ProbeClient
 from opsctl.inventory import HostConfig
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 
 
 @contextmanager

@@ -12,7 +12,7 @@ import pytest
 
 from opsctl.inventory import Inventory
 from opsctl.release import make_manifest
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 
 from . import trees

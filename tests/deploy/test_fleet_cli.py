@@ -10,7 +10,7 @@ from pathlib import Path
 
 from opsctl.inventory import Inventory
 from opsctl.release import make_manifest
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 
 from . import trees

@@ -14,7 +14,7 @@ from opsctl.host import replay as replay_commands
 from opsctl.host.releaseroot import Layout, new_parity_token
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.pipeline.watch import reads_token_file
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 from opsctl.unit import systemctl as unit_commands
 from opsctl.unit import unitfile as unit

@@ -14,7 +14,7 @@ import pytest
 
 from opsctl import pipeline as d
 from opsctl.inventory import HostConfig, Inventory
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 
 from . import trees
 from .test_testbed_deploy import ensure_good, fast, good_id, good_tree, opsctl

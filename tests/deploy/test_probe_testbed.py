@@ -26,7 +26,7 @@ from opsctl.health.probe import ssh_probe
 from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 
 from . import trees

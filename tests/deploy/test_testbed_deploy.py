@@ -25,7 +25,7 @@ from opsctl.host import history as host_history
 from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 from opsctl.testbed import Testbed, reset_host
 
 from . import trees

@@ -18,7 +18,7 @@ from opsctl.fleet.rollout import plan_rollout, run_rollout
 from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.lock import hostlock
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 from opsctl.testbed import Testbed, reset_host
 
 from .harness import FAKE_NVIDIA_SMI, LEDGER, deploy_action, remove_fake_gpu, source_root, variant

@@ -25,7 +25,7 @@ from opsctl.host import history as host_history
 from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig
 from opsctl.release import BUNDLE_DIRS
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 from opsctl.testbed import Testbed
 
 REPO = Path(__file__).resolve().parents[2]

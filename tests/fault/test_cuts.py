@@ -28,7 +28,7 @@ from opsctl.host import releaseroot
 from opsctl.inventory import HostConfig
 from opsctl.lock import hostlock
 from opsctl.release import make_manifest
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 
 from .conftest import FIGURES
 from .harness import (

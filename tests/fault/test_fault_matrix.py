@@ -25,7 +25,7 @@ from opsctl.health.levels import Level
 from opsctl.health.probe import ssh_probe
 from opsctl.inventory import HostConfig, parse
 from opsctl.release import make_manifest
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 
 from .conftest import FIGURES, next_variant
 from .harness import (

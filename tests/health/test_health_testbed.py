@@ -23,7 +23,7 @@ from opsctl.health.localstate import HealthHistory
 from opsctl.health.probe import ssh_probe
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import FileEntry, Manifest, release_id
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 
 # The testbed's hosts run TP 2: every rank must have spoken for parity to be OK.

@@ -14,11 +14,11 @@ import pytest
 
 from opsctl.health import schedule
 from opsctl.inventory import Inventory
-from opsctl.ssh.client import Remote, connect
+from opsctl.ssh import SshSession, connect
 from opsctl.testbed import Testbed
 
 
-def _runner(r: Remote) -> schedule.Runner:
+def _runner(r: SshSession) -> schedule.Runner:
     def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
         res = r.run(argv, check=False, timeout=60)
         return subprocess.CompletedProcess(argv, res.rc, res.stdout, res.stderr)

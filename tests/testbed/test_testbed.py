@@ -17,7 +17,7 @@ import pytest
 from opsctl.errors import CommandFailed, HostUnreachable
 from opsctl.host.ping import ping
 from opsctl.inventory import HostConfig, Inventory
-from opsctl.ssh.client import connect
+from opsctl.ssh import connect
 from opsctl.testbed import Testbed, reset_host
 
 
