@@ -60,7 +60,7 @@ _LOOSE_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_])token=([A-Za-z0-9_-]+)", re.ASCI
 
 # The common case in one anchored match: a well-formed parity line in the backend's field order. Anything this
 # does not take (or whose values it finds not finite, its extras duplicated, its rank at odds with the prefix) goes
-# through the full parse, which names the problem; tests/deploy/test_parity_properties.py checks the two agree.
+# through the full parse, which names the problem; tests/gate/test_parity_properties.py checks the two agree.
 _NUM = r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 _FAST_PARITY_RE = re.compile(
     rf"(?:{_JOURNAL_PREFIX})?(?:{_SGLANG_PREFIX})?\[kdtree\] L(?P<layer>0|[1-9][0-9]{{0,5}}) "

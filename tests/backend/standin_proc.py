@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .helpers import PYTHON, REPO, replay_env
+from tests.backend.helpers import PYTHON, REPO, replay_env
 
 TOKEN = "standintest0123456789"
 

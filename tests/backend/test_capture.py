@@ -28,8 +28,8 @@ from kdtree_backend.replay_captures import (
 )
 from kdtree_backend.wire import REPLAY_EXIT_OK, REPLAY_EXIT_PARITY_FAILED
 
-from .emulation import GraphServer, rows_read
-from .helpers import PYTHON, REPO, buggy_release, replay_env
+from tests.backend.emulation import GraphServer, rows_read
+from tests.backend.helpers import PYTHON, REPO, buggy_release, replay_env
 
 CAPTURE_ID = "c20260601T120000Z-0a1b2c"
 LINE = r"^\[kdtree\] L(\d+) max_abs_diff=\S+ mean=\S+ rel=(\S+) tp=(\d+)(?: token=\S+)? capture=(\S+) "

@@ -23,10 +23,9 @@ from kdtree_backend.engine import VerifyEngine
 from kdtree_backend.replay_captures import find_calls, load_call, replay_captures
 from kdtree_backend.verify import parity_stats
 
+from tests.backend.emulation import GraphServer, rows_read
+from tests.backend.helpers import PYTHON, REPO, buggy_release, replay_env
 from tests.gpu_helpers import NEEDS_CUDA, require_kernel
-
-from .emulation import GraphServer, rows_read
-from .helpers import PYTHON, REPO, buggy_release, replay_env
 
 pytestmark = list(NEEDS_CUDA)
 CAPTURE_ID = "c20260601T120000Z-0a1b2c"

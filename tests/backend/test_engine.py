@@ -11,7 +11,7 @@ from kdtree_backend.config import ParityConfig
 from kdtree_backend.engine import VerifyEngine
 from kdtree_backend.verify import parity_stats
 
-from .emulation import extend_attention_emulated, target_verify_extend
+from tests.backend.emulation import extend_attention_emulated, target_verify_extend
 
 PARITY = re.compile(r"^\[kdtree\] L(\d+) max_abs_diff=\S+ mean=\S+ rel=(\S+) tp=0 mode=(\w+) step=(\d+)$")
 SHAPES = re.compile(r"^\[kdtree\] shapes .* kv_len_max=(\d+) ")

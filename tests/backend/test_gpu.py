@@ -19,10 +19,9 @@ from kdtree_backend.config import ParityConfig
 from kdtree_backend.engine import VerifyEngine
 from kdtree_backend.verify import attend, marshal_verify, parity_stats
 
+from tests.backend.emulation import target_verify_extend
+from tests.backend.helpers import PARITY_RE, PYTHON, REPO, buggy_release, replay_env
 from tests.gpu_helpers import NEEDS_CUDA, require_kernel
-
-from .emulation import target_verify_extend
-from .helpers import PARITY_RE, PYTHON, REPO, buggy_release, replay_env
 
 pytestmark = list(NEEDS_CUDA)
 SITE = Path(os.environ.get("SGLANG_SITE", "/tmp/site"))

@@ -19,7 +19,7 @@ from kdtree_backend.launch import (
     server_argv,
 )
 
-from .helpers import PYTHON, REPO, replay_env
+from tests.backend.helpers import PYTHON, REPO, replay_env
 
 
 def test_adds_kdtree_and_triton_draft_backends() -> None:

@@ -12,7 +12,7 @@ from kdtree_backend.batch import ancestor_mask, dense_verify_attention, make_ver
 from kdtree_backend.marshal import build_verify_keys, extract_draft_mask, verify_keys_capacity
 from kdtree_backend.verify import attend, marshal_verify, parity_stats
 
-from .helpers import BACKEND_PKG, MARKERS, buggy_marshal_module
+from tests.backend.helpers import BACKEND_PKG, MARKERS, buggy_marshal_module
 
 Q_LENS = [1, 2, 9, 16, 63, 64, 65, 128]
 KINDS = ["tree", "chain", "star"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kdtree_backend.replay import ReplayOutcome, verdict_exit_code
 
-from .helpers import PARITY_RE, PYTHON, REPO, SHAPES_RE, buggy_release, replay_env
+from tests.backend.helpers import PARITY_RE, PYTHON, REPO, SHAPES_RE, buggy_release, replay_env
 
 ARGS = ["--bs", "2", "--prefix", "64", "--q-len", "9", "--heads", "8", "--layers", "0,30", "--interval", "0"]
 

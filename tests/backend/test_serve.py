@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from kdtree_backend.config import ParityConfig
 
-from .helpers import PARITY_RE, buggy_release
-from .standin_proc import TOKEN, Standin, sse_events
+from tests.backend.helpers import PARITY_RE, buggy_release
+from tests.backend.standin_proc import TOKEN, Standin, sse_events
 
 PARITY = {"enabled": True, "every_n_steps": 4, "burst_steps": 3, "layers": [0, 30]}
 REPLAY = {"bs": 2, "prefix": 32, "q_len": 9, "heads": 4, "layers": [0, 30]}

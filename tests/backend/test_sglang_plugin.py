@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import PYTHON, REPO
+from tests.backend.helpers import PYTHON, REPO
 
 PROBE = Path(__file__).resolve().parent / "sglang_probe.py"
 INSTALL_HINT = (

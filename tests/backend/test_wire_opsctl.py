@@ -19,8 +19,7 @@ from opsctl.host.releaseroot import new_parity_token, parse_parity_env
 from opsctl.host.replay import synthetic_replay_command
 from opsctl.inventory import GateSettings
 from opsctl.pipeline import prerestart
-
-from .test_wire_contract import GOOD_TOKEN, backend_lines, backend_view
+from tests.backend.test_wire_contract import GOOD_TOKEN, backend_lines, backend_view
 
 
 def opsctl_view() -> dict[str, object]:

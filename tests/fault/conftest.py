@@ -20,8 +20,7 @@ from opsctl.inventory import HostConfig, Inventory
 from opsctl.lock import hostlock
 from opsctl.ssh import connect
 from opsctl.testbed import Testbed, reset_host
-
-from .harness import FAKE_NVIDIA_SMI, LEDGER, deploy_action, remove_fake_gpu, source_root, variant
+from tests.fault.harness import FAKE_NVIDIA_SMI, LEDGER, deploy_action, remove_fake_gpu, source_root, variant
 
 FLEET = ("tb1", "tb2", "tb3")
 FIGURES: dict[str, float] = {}

@@ -81,11 +81,11 @@ def variant(dest: Path, tag: str) -> Path:
 
 
 def deploy_trees() -> Any:
-    """tests/deploy/trees.py (the deploy tests' broken-release makers), loaded by path: both test folders are
+    """tests/pipeline/trees.py (the deploy tests' broken-release makers), loaded by path: both test folders are
     top-level packages under pytest's rootdir import mode, so neither can import the other by name."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("kdtree_fault_trees", REPO / "tests" / "deploy" / "trees.py")
+    spec = importlib.util.spec_from_file_location("kdtree_fault_trees", REPO / "tests" / "pipeline" / "trees.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

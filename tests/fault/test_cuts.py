@@ -29,9 +29,8 @@ from opsctl.inventory import HostConfig
 from opsctl.lock import hostlock
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
-
-from .conftest import FIGURES
-from .harness import (
+from tests.fault.conftest import FIGURES
+from tests.fault.harness import (
     FAILS_UNDER_THE_UNIT,
     FORGES_UNDER_THE_UNIT,
     LEDGER,

@@ -26,9 +26,8 @@ from opsctl.health.probe import ssh_probe
 from opsctl.inventory import HostConfig, parse
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
-
-from .conftest import FIGURES, next_variant
-from .harness import (
+from tests.fault.conftest import FIGURES, next_variant
+from tests.fault.harness import (
     LEDGER,
     assert_deployed,
     assert_not_switched,

@@ -17,8 +17,7 @@ from opsctl.health.checks import evaluate
 from opsctl.health.levels import HostHealth
 from opsctl.inventory import WebhookUrl
 from tests.builders import inventory
-
-from .test_health_eval import REPLAY, healthy
+from tests.health.test_health_eval import REPLAY, healthy
 
 
 def run_of(levels: dict[str, str]) -> tuple[dict, list[HostHealth]]:  # type: ignore[type-arg]

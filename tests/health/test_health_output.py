@@ -14,8 +14,7 @@ from opsctl.health.findings import HostFacts, UnitFacts
 from opsctl.health.levels import HostHealth, Level
 from opsctl.health.localstate import HealthHistory, write_atomic
 from tests.builders import inventory
-
-from .test_health_eval import REPLAY, healthy
+from tests.health.test_health_eval import REPLAY, healthy
 
 # One sample line of the text exposition format: name{labels} value
 _SAMPLE_RE = re.compile(r'^[a-z_]+\{(?:[a-z]+="(?:[^"\\]|\\.)*",?)+\} (?:-?[0-9.e+-]+|NaN|[+-]Inf)$')

@@ -6,8 +6,7 @@ import shlex
 from pathlib import Path
 
 from opsctl.host.facts import Gpu, facts_command, parse_facts, parse_systemctl_show, unit_show_command
-
-from .shell import HOSTILE, sh
+from tests.shell import HOSTILE, sh
 
 
 def test_unit_show_asks_every_property_in_one_call() -> None:

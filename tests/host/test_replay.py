@@ -9,8 +9,7 @@ import pytest
 
 from opsctl.errors import UsageError
 from opsctl.host import replay as hr
-
-from .shell import HOSTILE, sh
+from tests.shell import HOSTILE, sh
 
 TOKEN = "0123456789abcdef"
 

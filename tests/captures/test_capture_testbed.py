@@ -14,10 +14,9 @@ from opsctl.inventory import Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
 from opsctl.testbed import reset_host
-
-from . import trees
-from .host_traffic import traffic
-from .test_first_hour_cli import opsctl  # the real CLI on a testbed inventory, as a user runs it
+from tests.cli.test_first_hour_cli import opsctl
+from tests.gate.host_traffic import traffic
+from tests.pipeline import trees
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "tb1"

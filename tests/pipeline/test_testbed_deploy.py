@@ -27,8 +27,7 @@ from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
 from opsctl.testbed import Testbed, reset_host
-
-from . import trees
+from tests.pipeline import trees
 
 # Generous: the gate ends as soon as K passes arrive; only a silent service waits this long (its test sets its own).
 GATE_S = 90.0

@@ -15,8 +15,7 @@ import pytest
 from opsctl.inventory import Inventory
 from opsctl.release import make_manifest
 from opsctl.testbed import reset_host
-
-from . import trees
+from tests.pipeline import trees
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,7 @@ from kdtree_backend.wire import MARKER
 
 from opsctl.health import probe as hp
 from opsctl.host.facts import facts_command, parse_facts
-
-from .shell import HOSTILE, sh
+from tests.shell import HOSTILE, sh
 
 
 def params(root: str, http_url: str | None = None) -> hp.ProbeParams:

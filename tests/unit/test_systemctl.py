@@ -6,8 +6,7 @@ import shlex
 from pathlib import Path
 
 from opsctl.unit import systemctl as hu
-
-from .shell import sh
+from tests.shell import sh
 
 
 def test_argv_builders() -> None:

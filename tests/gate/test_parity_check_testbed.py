@@ -15,9 +15,8 @@ import pytest
 from opsctl import pipeline as d
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.ssh import connect
-
-from . import trees
-from .test_testbed_deploy import ensure_good, fast, good_id, good_tree, opsctl
+from tests.pipeline import trees
+from tests.pipeline.test_testbed_deploy import ensure_good, fast, good_id, good_tree, opsctl
 
 __all__ = ["good_id", "good_tree"]  # module fixtures reused from the deploy tests
 

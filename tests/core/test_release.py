@@ -64,7 +64,7 @@ def test_shipped_is_an_allow_list() -> None:
     assert shipped("backend/kdtree_backend_plugin-0.1.0.dist-info/METADATA") and shipped("deploy/kdtree.json")
     assert not shipped("kernel/bench/trace-kernel.diff") and not shipped("backend/bench/capture_bench.py")
     assert not shipped("kernel/new_research_dir/x.py")  # a directory nobody named stays behind
-    assert not shipped("tests/deploy/test_release.py") and not shipped("docs/release-layout.md")
+    assert not shipped("tests/core/test_release.py") and not shipped("docs/release-layout.md")
     assert not shipped("kernel/kdtree_kernel/__pycache__/ops.cpython-311.pyc")
 
 

@@ -10,8 +10,7 @@ import uuid
 from pathlib import Path
 
 from opsctl.ssh import wrap as hs
-
-from .shell import sh
+from tests.shell import sh
 
 
 def test_wrap_marks_the_command_and_its_children() -> None:

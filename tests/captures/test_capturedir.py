@@ -15,8 +15,7 @@ from kdtree_backend.wire import CAPTURE_ID_RE
 from opsctl.captures import capturedir as hc
 from opsctl.captures import listing_on_host as on_host
 from opsctl.errors import UsageError
-
-from .shell import HOSTILE, sh
+from tests.shell import HOSTILE, sh
 
 CID = "c20260601T120005Z-a1b2c3"
 

@@ -28,9 +28,8 @@ from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
 from opsctl.testbed import reset_host
-
-from . import trees
-from .test_testbed_deploy import Recorder, state
+from tests.pipeline import trees
+from tests.pipeline.test_testbed_deploy import Recorder, state
 
 ENV_FILE = "/etc/kdtree-engine/sglang.env"
 KEY = "sk-testbed-probe-7f3a9c2e51"

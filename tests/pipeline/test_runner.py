@@ -18,8 +18,7 @@ from opsctl.inventory import HostConfig
 from opsctl.pipeline import DeployVerdict
 from opsctl.pipeline.runner import Concluded, Rejected, Run, Step, execute, lock_step
 from tests import builders
-
-from .localremote import LocalRemote
+from tests.pipeline.localremote import LocalRemote
 
 NEW, OLD = "r00000000000b", "r00000000000a"
 

@@ -10,8 +10,7 @@ from opsctl.errors import CommandFailed, DeployFailed, LockHeld
 from opsctl.host import history as host_history
 from opsctl.host import releaseroot
 from opsctl.lock import hostlock
-
-from .localremote import LocalRemote
+from tests.pipeline.localremote import LocalRemote
 
 A, B = "r00000000000a", "r00000000000b"
 

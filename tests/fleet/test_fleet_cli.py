@@ -12,9 +12,8 @@ from opsctl.inventory import Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
 from opsctl.testbed import reset_host
-
-from . import trees
-from .test_testbed_deploy import opsctl, state
+from tests.pipeline import trees
+from tests.pipeline.test_testbed_deploy import opsctl, state
 
 
 def test_single_host_refuses_group_options(testbed: Inventory) -> None:  # the CLI reads the testbed inventory

@@ -1,5 +1,5 @@
 """Issue 16, the first hour of a new user: each item has a test here that can fail (no testbed needed; the ones
-that need hosts are in tests/deploy/test_first_hour_cli.py).
+that need hosts are in tests/cli/test_first_hour_cli.py).
 
 Hosts that must not answer are real sockets on 127.0.0.1: a closed port (refused) or a listener that closes the
 connection before any SSH banner; nothing here reaches a real host.
@@ -277,7 +277,7 @@ def test_no_reference_points_outside_the_repo() -> None:
     offenders = []
     for name in files:
         path = REPO / name
-        if name.startswith("tests/core/test_first_hour") or not path.is_file() or path.suffix in (".json", ".whl"):
+        if name.startswith("tests/cli/test_first_hour") or not path.is_file() or path.suffix in (".json", ".whl"):
             continue
         text = path.read_text(errors="replace")
         if re.search(r"design\.md|\bs\.\d+a?\b(?! *=)", text):

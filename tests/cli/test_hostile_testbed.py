@@ -18,9 +18,8 @@ from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 from opsctl.unit import systemctl as unit_commands
 from opsctl.unit import unitfile as unit
-
-from . import trees
-from .test_first_hour_cli import opsctl  # the real CLI on a testbed inventory, as a user runs it
+from tests.cli.test_first_hour_cli import opsctl
+from tests.pipeline import trees
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,7 @@ from typer.testing import CliRunner
 
 from opsctl.cli import app
 from opsctl.release import make_manifest
-
-from .test_release import make_tree
+from tests.core.test_release import make_tree
 
 
 def _bundle(*args: str) -> tuple[int, str, str]:

@@ -8,8 +8,7 @@ import shlex
 from pathlib import Path
 
 from opsctl.lock.hostlock import LOCK_LEASE_S, acquire_command, lease_expiry_expr, release_command, renew_command
-
-from .shell import HOSTILE, sh
+from tests.shell import HOSTILE, sh
 
 
 def owner(token: str) -> str:

@@ -19,8 +19,7 @@ from opsctl.gate import traffic_on_host as traffic
 from opsctl.gate.traffic import ProbeClient, command, parse_wave, plan_lines, wave_config
 from opsctl.inventory import GateSettings, HostConfig, ProbeSettings, ServiceSettings
 from tests import builders
-
-from .localremote import LocalRemote
+from tests.pipeline.localremote import LocalRemote
 
 KEY = "sk-probe-secret-123"
 

@@ -12,8 +12,7 @@ from opsctl.errors import DeployFailed
 from opsctl.host import history as host_history
 from opsctl.host import releaseroot as hl
 from opsctl.host.facts import facts_command
-
-from .shell import HOSTILE, sh
+from tests.shell import HOSTILE, sh
 
 A, B = "r00000000000a", "r00000000000b"
 
