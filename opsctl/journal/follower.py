@@ -15,7 +15,7 @@ from ..gate.decision import UnitObservation
 from . import query
 
 # Until every caller imports them from opsctl.journal.query, where they live beside their commands.
-from .query import Entry, Mark, message_text, parse_entries, parse_mark, parse_poll  # noqa: F401
+from .query import Entry, Mark, parse_poll
 
 
 @dataclass
