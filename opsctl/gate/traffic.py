@@ -109,7 +109,7 @@ class Readiness:
 
 
 def _document(stdout: str) -> dict[str, Any]:
-    lines = [line for line in stdout.splitlines() if line.strip()]
+    lines = [line for line in stdout.split("\n") if line.strip()]
     if not lines:
         raise ValueError("the probe program printed nothing")
     doc = json.loads(lines[-1])

@@ -127,7 +127,8 @@ def parity_lines(journal_json: str, marker: str, max_lines: int) -> list[list[An
     """journalctl's JSON lines -> the last ``max_lines`` [epoch seconds, message] whose message holds ``marker``.
     A line that is not JSON is skipped; a message journald stored as bytes (a list of ints) is decoded."""
     lines: list[list[Any]] = []
-    for raw in journal_json.splitlines():
+    # One entry per \n: journalctl prints U+2028 raw inside a JSON string, which str.splitlines() would cut.
+    for raw in journal_json.split("\n"):
         try:
             e = json.loads(raw)
         except ValueError:

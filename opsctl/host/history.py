@@ -188,7 +188,7 @@ def append_history(r: Remote, layout: Layout, record: HistoryRecord) -> None:
 
 def parse_history(text: str) -> list[HistoryRecord]:
     out = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # a line ends at \n only, as every reader of host output reads it
         try:
             doc = json.loads(line)
         except ValueError:

@@ -76,7 +76,7 @@ class Entry:
 
 
 def parse_mark(stdout: str) -> Mark:
-    lines = stdout.splitlines()
+    lines = stdout.split("\n")
     inv = lines[0].strip() if lines else ""
     cursor = None
     for line in lines[1:]:

@@ -148,7 +148,7 @@ def acquire_lock(
     if word == "ACQUIRED":
         return None
     if word in ("STALE", "EXPIRED") and rest.rstrip().endswith("ACQUIRED"):
-        old = describe_owner(json_object_or_none(rest.strip().splitlines()[0] if rest.strip() else ""))
+        old = describe_owner(json_object_or_none(rest.strip().split("\n")[0] if rest.strip() else ""))
         why = "from before a reboot" if word == "STALE" else f"whose lease ran out {figure}s ago"
         return f"{old} ({why})"
     who = describe_owner(json_object_or_none(rest.strip()))

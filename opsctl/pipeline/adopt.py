@@ -57,7 +57,7 @@ def _inventory(found: _Found) -> Step:
             ).stdout.split()
             found.size_mb = int(du[0]) if du and du[0].isdigit() else 0
         found.unit_text = r.read_file(snap.unit.fragment_path).decode() if snap.unit.fragment_path else ""
-        for line in listing.splitlines():
+        for line in filter(None, listing.split("\n")):
             digest, _, path = line.partition("  ")
             found.files[path.removeprefix("./")] = {"sha256": digest}
         h = hashlib.sha256(json.dumps({"files": found.files, "unit": found.unit_text}, sort_keys=True).encode())

@@ -6,6 +6,7 @@ once by a journal poll."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable
 
@@ -207,10 +208,8 @@ def run_gate(
     if probe_doc is not None:
         reporter.info(f"probe: {describe_tally(probe_doc)}{_probe_times(probe_doc)}")
     with contextlib.suppress(Exception):
-        cursor_doc = (
-            f'{{"unit": "{host.unit}", "cursor": "{follower.cursor or ""}", "invocations": {follower.invocations!r}}}\n'
-        )
-        session.r.write_file(f"{Layout(host.root).cursors}/gate.json", cursor_doc.replace("'", '"').encode())
+        cursor_doc = {"unit": host.unit, "cursor": follower.cursor or "", "invocations": list(follower.invocations)}
+        session.r.write_file(f"{Layout(host.root).cursors}/gate.json", (json.dumps(cursor_doc) + "\n").encode())
     return state
 
 
