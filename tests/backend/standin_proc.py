@@ -70,6 +70,19 @@ class Standin:
             time.sleep(0.05)
         raise AssertionError(f"no such line within {timeout}s; output:\n" + "\n".join(self.lines))
 
+    def settled_lines(self, quiet_s: float = 0.5, timeout: float = 30.0) -> list[str]:
+        """The output once it has stopped growing for ``quiet_s``: a request's answer can come back before this
+        process's reader thread has taken in the lines the server printed while serving it (a loaded machine)."""
+        deadline = time.monotonic() + timeout
+        seen, since = len(self.lines), time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            if len(self.lines) != seen:
+                seen, since = len(self.lines), time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                break
+        return list(self.lines)
+
     def wait_started(self) -> None:
         self.wait_line(lambda line: line.startswith("kdtree-standin: started"))
 

@@ -185,7 +185,7 @@ def test_requests_print_every_ranks_parity_lines_under_the_burst_rule(server: St
     assert end - start == requests * tokens
     sampled = sum(SAMPLING.sampled(step) for step in range(start, end))
     assert sampled >= 1
-    lines = parity_lines(server.lines[mark:])
+    lines = parity_lines(server.settled_lines()[mark:])
     assert len(lines) == sampled * len(PARITY["layers"]) * 2
     for rank in (0, 1):
         mine = [line for line in lines if line[2] == rank]
@@ -199,7 +199,7 @@ def test_the_first_steps_after_start_are_all_sampled(tmp_path: Path) -> None:
     try:
         s.wait_ready()
         assert s.post("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 10}})[0] == 200
-        lines = parity_lines(s.lines)
+        lines = parity_lines(s.settled_lines())
         assert len(lines) == 5 * 2  # steps 0, 1, 2, 4, 8; two layers each
         assert "[kdtree] fallback reason=cpu_device path=reference" in s.lines
         assert sum("[kdtree] shapes" in line for line in s.lines) == 1
@@ -276,19 +276,19 @@ def one_request(s: Standin, tokens: int = 2) -> tuple[int, object]:
 
 def test_fault_nan(fault_servers: dict[str, Standin]) -> None:
     assert one_request(fault_servers["nan"])[0] == 200
-    rels = [rel for _, rel, _, _ in parity_lines(fault_servers["nan"].lines)]
+    rels = [rel for _, rel, _, _ in parity_lines(fault_servers["nan"].settled_lines())]
     assert len(rels) == 2 * 2 * 2 and all(math.isnan(rel) for rel in rels)
 
 
 def test_fault_rel_offset(fault_servers: dict[str, Standin]) -> None:
     assert one_request(fault_servers["rel-offset:0.5"])[0] == 200
-    rels = [rel for _, rel, _, _ in parity_lines(fault_servers["rel-offset:0.5"].lines)]
+    rels = [rel for _, rel, _, _ in parity_lines(fault_servers["rel-offset:0.5"].settled_lines())]
     assert len(rels) == 8 and all(0.5 <= rel < 0.51 for rel in rels)
 
 
 def test_fault_silent_rank(fault_servers: dict[str, Standin]) -> None:
     assert one_request(fault_servers["silent-rank:1"])[0] == 200
-    lines = parity_lines(fault_servers["silent-rank:1"].lines)
+    lines = parity_lines(fault_servers["silent-rank:1"].settled_lines())
     assert len(lines) == 4 and {tp for _, _, tp, _ in lines} == {0}
 
 
@@ -322,7 +322,7 @@ def test_classic_bug_release_fails_parity_when_served(tmp_path: Path) -> None:
     s = Standin(tmp_path, config=CONFIG, load_delay=0, tp=1, root=root)
     try:
         assert one_request(s, tokens=1)[0] == 200
-        rels = [rel for _, rel, _, _ in parity_lines(s.lines)]
+        rels = [rel for _, rel, _, _ in parity_lines(s.settled_lines())]
         assert rels and min(rels) > 0.5, rels
     finally:
         s.stop()
