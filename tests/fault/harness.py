@@ -23,6 +23,7 @@ from opsctl.fleet.rollout import HostOutcome, LineReporter, outcome_from_result
 from opsctl.gate.traffic import ProbeClient, Wave
 from opsctl.host import history as host_history
 from opsctl.host import releaseroot
+from opsctl.host.history import DeployVerdict, HistoryEvent
 from opsctl.inventory import HostConfig
 from opsctl.release import BUNDLE_DIRS
 from opsctl.ssh import connect
@@ -162,8 +163,8 @@ def assert_deployed(after: HostEnd, release: str) -> None:
     assert after.current == release, f"{after.host}: current {after.current}, expected {release}"
     assert after.running, f"{after.host}: unit {after.active_state}/{after.sub_state}"
     assert not after.lock_present, f"{after.host}: lock left behind: {after.lock_owner}"
-    last = [r for r in after.history if r.event == "deploy" and r.release == release]
-    assert last and last[-1].get("verdict") == "PASS", f"{after.host}: no PASS record for {release}"
+    last = [r for r in after.history if r.event is HistoryEvent.DEPLOY and r.release == release]
+    assert last and last[-1].verdict is DeployVerdict.PASS, f"{after.host}: no PASS record for {release}"
     assert release not in after.bad
     LEDGER.verified(f"{after.host} on {release}")
 
@@ -174,7 +175,7 @@ def assert_not_switched(before: HostEnd, after: HostEnd, release: str) -> None:
     assert after.running, f"{after.host}: unit {after.active_state}/{after.sub_state}"
     assert after.invocation_id == before.invocation_id, f"{after.host}: the service was restarted"
     assert not after.lock_present, f"{after.host}: lock left behind: {after.lock_owner}"
-    assert not any(r.verdict == "PASS" and r.release == release for r in after.records_since(before))
+    assert not any(r.verdict is DeployVerdict.PASS and r.release == release for r in after.records_since(before))
     LEDGER.verified(f"{after.host} not switched")
 
 
@@ -185,7 +186,7 @@ def assert_rolled_back(before: HostEnd, after: HostEnd, release: str) -> None:
     assert not after.lock_present, f"{after.host}: lock left behind: {after.lock_owner}"
     assert release in after.bad, f"{after.host}: {release} not marked bad"
     new = after.records_since(before)
-    assert any(r.release == release and r.verdict not in (None, "PASS") for r in new), new
+    assert any(r.release == release and r.verdict not in (None, DeployVerdict.PASS) for r in new), new
     LEDGER.verified(f"{after.host} rolled back from {release}")
 
 

@@ -8,12 +8,18 @@ import json
 import time
 from pathlib import Path
 
-from opsctl.inventory import Inventory
+from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
-from opsctl.testbed import reset_host
+from opsctl.testbed import Testbed, reset_host
 from tests.pipeline import trees
 from tests.pipeline.test_testbed_deploy import opsctl, state
+
+
+def fleet_hosts() -> list[HostConfig]:
+    """The group as the CLI reads it: the testbed's inventory file now (the fault matrix adds tb3 to it after the
+    session's ``testbed`` fixture was read)."""
+    return Testbed().inventory().resolve("fleet")
 
 
 def test_single_host_refuses_group_options(testbed: Inventory) -> None:  # the CLI reads the testbed inventory
@@ -23,15 +29,15 @@ def test_single_host_refuses_group_options(testbed: Inventory) -> None:  # the C
 
 
 def test_group_dry_run_prints_the_plan_and_touches_nothing(testbed: Inventory) -> None:
-    before = {h.name: state(h)[0].current for h in testbed.resolve("fleet")}
+    before = {h.name: state(h)[0].current for h in fleet_hosts()}
     res = opsctl("deploy", "fleet", "--dry-run", "--canary", "tb2", "--batch", "1")
     assert res.returncode == 0, res.stderr
     assert "canary: tb2" in res.stdout and "batch 1: tb1" in res.stdout
-    assert {h.name: state(h)[0].current for h in testbed.resolve("fleet")} == before
+    assert {h.name: state(h)[0].current for h in fleet_hosts()} == before
 
 
 def test_group_deploy_parallel_then_status_and_rollback(testbed: Inventory, tmp_path: Path) -> None:
-    hosts = testbed.resolve("fleet")
+    hosts = fleet_hosts()
     for h in hosts:
         reset_host(h)
     first = trees.copy_tree(tmp_path / "first", "fleet-first")
