@@ -7,8 +7,7 @@ from typing import Annotated
 import typer
 
 from ..errors import EXIT_LOCK_HELD, UsageError
-from ..host import releaseroot
-from ..host import views as hostinfo
+from ..host import releaseroot, views
 from ..lock import hostlock
 from . import common
 
@@ -42,7 +41,7 @@ def lock_command(
         raise UsageError(f"lock action must be status or release, not {action!r}")
     if action == "release" and not force:
         raise UsageError("breaking a lock needs --force (check `opsctl lock HOST status` first: is its owner gone?)")
-    snap = hostinfo.read_lock(h, break_it=action == "release")
+    snap = views.read_lock(h, break_it=action == "release")
     owner = hostlock.describe_owner(snap.lock_owner) + lease_text(snap)
     if action == "release":
         msg = f"{host}: broke the lock held by {owner}" if snap.lock_present else f"{host}: lock was already free"

@@ -15,7 +15,7 @@ import typer
 from ..errors import UsageError
 from ..gate.decision import Judgement
 from ..gate.lines import FallbackLine, KdtreeLine, ParityLine, ShapesLine, parse_line
-from ..host import views as hostinfo
+from ..host import views
 from ..inventory import HostConfig
 from ..journal.query import message_text
 from . import common
@@ -41,7 +41,7 @@ def logs_command(
     host = h.name
     matcher = _matcher(grep)
     printer = _LogPrinter(h, as_json, stream=follow)
-    hostinfo.read_journal(
+    views.read_journal(
         h,
         lambda line: printer.feed(line, matcher),
         since=since,

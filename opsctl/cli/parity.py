@@ -1,5 +1,5 @@
 """``opsctl parity check FILE|-``: judge journal text offline, exactly as a deploy's gate would (same parser, same
-``GateState``; see opsctl/parity_check.py). Exit 0 on PASS, 31 otherwise, 2 for bad input."""
+``GateState``; see opsctl/gate/parity_check.py). Exit 0 on PASS, 31 otherwise, 2 for bad input."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from ..host import history as host_history
-from ..host import views as hostinfo
+from ..host import views
 from . import common
 from .parityview import verdict_text
 
@@ -21,7 +21,7 @@ def releases_command(
     """List the releases on HOST: id, created, commit, current/good/bad, last verdict."""
     h = common.host_of(host, inventory_path, "releases")
     host = h.name
-    view = hostinfo.read_releases(h)
+    view = views.read_releases(h)
     snap, hist, info = view.snap, view.history, view.meta
     verdicts = host_history.release_verdicts(hist)
     rows = []

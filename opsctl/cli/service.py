@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..errors import EXIT_UNIT_INACTIVE
-from ..host import views as hostinfo
+from ..host import views
 from . import common
 
 console = common.out
@@ -19,10 +19,10 @@ def service_command(
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Start, stop or show the service unit (no gate: use `restart` for a gated restart)."""
-    h, action = common.host_and_action(host, action, hostinfo.SERVICE_ACTIONS, inventory_path, "service")
+    h, action = common.host_and_action(host, action, views.SERVICE_ACTIONS, inventory_path, "service")
     host = h.name
     unit = h.unit + ".service"
-    done = hostinfo.service(h, action)  # refuses an unknown action before connecting
+    done = views.service(h, action)  # refuses an unknown action before connecting
     if action == "status":
         console.print(done.status_text, highlight=False, markup=False)
         raise typer.Exit(code=0 if done.status_rc == 0 else EXIT_UNIT_INACTIVE)

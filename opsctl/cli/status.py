@@ -9,7 +9,7 @@ import typer
 
 from ..errors import OpsError, SshError
 from ..gate.decision import Judgement
-from ..host import views as hostinfo
+from ..host import views
 from ..host.history import HistoryRecord
 from ..host.releaseroot import HostSnapshot
 from ..inventory import HostConfig
@@ -61,7 +61,7 @@ class _Parity:
     ignored: int  # not evidence: no or wrong token, or the marker inside another message
 
     @classmethod
-    def judged(cls, h: HostConfig, view: hostinfo.StatusView) -> _Parity:
+    def judged(cls, h: HostConfig, view: views.StatusView) -> _Parity:
         line_judge = LineJudge(h, view.token)
         judged = [j for j in map(line_judge.message, view.parity_messages) if j is not None]
         evidence = counted(judged)
@@ -77,7 +77,7 @@ class _Parity:
 
 def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
     """Read one host's state; print it for people unless ``as_json``; return the JSON document."""
-    view = hostinfo.read_status(h)
+    view = views.read_status(h)
     snap, hist = view.snap, view.history
     parity = _Parity.judged(h, view)
     last = next((x for x in reversed(hist) if x.verdict is not None), None)

@@ -243,7 +243,7 @@ def local_hostname() -> str:
 
 
 def lock_owner(text: str) -> tuple[str | None, int | None]:
-    """hoststate's owner.json -> (client hostname, pid); anything unreadable -> unknown owner."""
+    """the deploy lock's owner.json -> (client hostname, pid); anything unreadable -> unknown owner."""
     try:
         doc = json.loads(text)
     except ValueError:

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 
 from ..gate.decision import UnitObservation
 from . import query
-
-# Until every caller imports them from opsctl.journal.query, where they live beside their commands.
 from .query import Entry, Mark, parse_poll
 
 

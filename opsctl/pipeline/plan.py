@@ -85,7 +85,7 @@ def _notes(host: HostConfig, manifest: Manifest, snap: HostSnapshot) -> list[str
 def _steps(
     host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: DeployOptions, link_dest: str | None
 ) -> list[str]:
-    """The deploy's steps as the plan prints them (the step list of ship.py, in words)."""
+    """The deploy's steps as the plan prints them (the step list of pipeline/deploy.py, in words)."""
     layout = Layout(host.root)
     steps = [
         "preflight: ssh, GPU compute capability, disk, unit, lock",
