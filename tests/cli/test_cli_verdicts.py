@@ -14,7 +14,7 @@ from opsctl.cli import logs as cli_logs
 from opsctl.cli import status as cli_status
 from opsctl.cli.parityview import LineJudge, counted, latest_per_rank_and_layer
 from opsctl.gate.decision import LineVerdict
-from opsctl.host import views as hostinfo
+from opsctl.host import views
 from opsctl.host.releaseroot import parse_snapshot
 from opsctl.inventory import HostConfig
 from tests import builders
@@ -116,8 +116,8 @@ def test_status_json_and_table_judge_as_the_gate(
 ) -> None:
     snap = parse_snapshot("root_exists=1\nunit_active=active\n")
     messages = [parity("9.0e-01", rank=1), parity(rank=0), NO_TOKEN, MISPLACED, parity(rank=7)]
-    view = hostinfo.StatusView(snap, [], messages, TOKEN)
-    monkeypatch.setattr(cli_status.hostinfo, "read_status", lambda _h: view)
+    view = views.StatusView(snap, [], messages, TOKEN)
+    monkeypatch.setattr(cli_status.views, "read_status", lambda _h: view)
     doc = cli_status._status_one(host(), as_json=True)
     assert [(p["rank"], p["verdict"]) for p in doc["parity"]] == [(0, "PASS"), (1, "FAIL"), (7, "FAIL")]
     buf = io.StringIO()
