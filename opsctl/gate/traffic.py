@@ -12,7 +12,7 @@ import json
 import secrets
 import shlex
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -355,10 +355,3 @@ def plan_lines(host: HostConfig) -> list[str]:
         f"probe: {key}; a failed request fails the gate; every rank must print parity within "
         f"{p.parity_grace_s:g}s of the first answer",
     ]
-
-
-def tally_of(waves: Sequence[Wave]) -> ProbeTally:
-    tally = ProbeTally()
-    for w in waves:
-        tally.add(w)
-    return tally
