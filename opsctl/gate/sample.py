@@ -1,0 +1,207 @@
+"""One side of a comparison: what the comparison workload saw on one release (docs/gate.md "The comparison
+workload"), as data the judge reads and the history records.
+
+A sample is untrusted once it has left the process (a history file, a file given to ``opsctl compare``, the host
+program's answer), so ``from_json`` checks every field strictly: exact types (``true`` is not an integer, ``"1"``
+is not a token id), finite non-negative numbers, bounded sizes; it raises ``SampleError`` naming the field
+(``requests[3].output_ids[2]: must be an integer``). ``to_json`` writes what ``from_json`` reads back unchanged.
+
+JSON form::
+
+    {"requests": [{"output_ids": [int, ...], "decode_s_per_token": float|null, "ttft_s": float|null,
+                   "spec_accept_length": float|null, "spec_verify_ct": int|null, "completion_tokens": int,
+                   "load": float|null, "status": int|null, "error": str|null}],
+     "load_source": "metrics"|null}
+
+Only ``output_ids``, ``decode_s_per_token``, ``ttft_s`` and ``spec_accept_length`` are required in a request;
+the others default to: ``completion_tokens`` = len(output_ids), the rest null.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# Bounds on what a sample may hold (a recorded sample is untrusted input to the judge).
+MAX_REQUESTS = 4096
+MAX_OUTPUT_IDS = 65_536
+MAX_TOKEN_ID = 2**31 - 1
+MAX_ERROR_CHARS = 1000
+MAX_SECONDS = 1e6  # a time above ~11 days is not a measurement
+
+LOAD_SOURCES = ("metrics",)
+
+_REQUEST_KEYS = frozenset(
+    {
+        "output_ids",
+        "decode_s_per_token",
+        "ttft_s",
+        "spec_accept_length",
+        "spec_verify_ct",
+        "completion_tokens",
+        "load",
+        "status",
+        "error",
+    }
+)
+_REQUIRED_REQUEST_KEYS = ("output_ids", "decode_s_per_token", "ttft_s", "spec_accept_length")
+_SAMPLE_KEYS = frozenset({"requests", "load_source"})
+
+
+class SampleError(ValueError):
+    """A sample that is not one: the message names the field (``requests[3].ttft_s: ...``)."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _seconds(where: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if not _is_number(value) or not math.isfinite(value) or value < 0 or value > MAX_SECONDS:
+        raise SampleError(f"{where}: must be a finite number of seconds in [0, {MAX_SECONDS:g}] or null")
+    return float(value)
+
+
+def _nonneg_float(where: str, value: Any, limit: float) -> float | None:
+    if value is None:
+        return None
+    if not _is_number(value) or not math.isfinite(value) or value < 0 or value > limit:
+        raise SampleError(f"{where}: must be a finite number in [0, {limit:g}] or null")
+    return float(value)
+
+
+def _nonneg_int(where: str, value: Any, limit: int) -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value) or value < 0 or value > limit:
+        raise SampleError(f"{where}: must be an integer in [0, {limit}] or null")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    """One request of the comparison workload, as the host saw it.
+
+    ``decode_s_per_token``: seconds per token after the first one, timed on the host from the stream (null when
+    the request failed or produced fewer than two tokens). ``ttft_s``: seconds to the first token.
+    ``spec_accept_length`` / ``spec_verify_ct``: from the server's ``meta_info`` when it reports them.
+    ``load``: the server's running requests (``sglang:num_running_reqs``) around the request, null when it exposes
+    none. ``status``: the HTTP status (null when none came back); ``error``: why the request failed, else null."""
+
+    output_ids: tuple[int, ...]
+    decode_s_per_token: float | None
+    ttft_s: float | None
+    spec_accept_length: float | None = None
+    spec_verify_ct: int | None = None
+    completion_tokens: int = 0
+    load: float | None = None
+    status: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Answered in full: HTTP 200 (or no status recorded) and no error."""
+        return self.error is None and self.status in (None, 200)
+
+    @property
+    def client_error(self) -> bool:
+        """Refused with a 4xx other than 408 (timeout) and 429 (busy): the request, the key or the endpoint is
+        wrong for this server (see ``opsctl.gate.traffic.classify_refusal``)."""
+        return self.status is not None and 400 <= self.status < 500 and self.status not in (408, 429)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "output_ids": list(self.output_ids),
+            "decode_s_per_token": self.decode_s_per_token,
+            "ttft_s": self.ttft_s,
+            "spec_accept_length": self.spec_accept_length,
+            "spec_verify_ct": self.spec_verify_ct,
+            "completion_tokens": self.completion_tokens,
+            "load": self.load,
+            "status": self.status,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "request") -> CompareRequest:
+        if not isinstance(doc, Mapping):
+            raise SampleError(f"{where}: must be a JSON object")
+        unknown = sorted(str(k) for k in doc if k not in _REQUEST_KEYS)
+        if unknown:
+            raise SampleError(f"{where}: unknown key(s) {', '.join(repr(k[:40]) for k in unknown[:5])}")
+        missing = [k for k in _REQUIRED_REQUEST_KEYS if k not in doc]
+        if missing:
+            raise SampleError(f"{where}: missing key(s) {', '.join(missing)}")
+        ids = doc["output_ids"]
+        if not isinstance(ids, list):
+            raise SampleError(f"{where}.output_ids: must be a list of token ids")
+        if len(ids) > MAX_OUTPUT_IDS:
+            raise SampleError(f"{where}.output_ids: more than {MAX_OUTPUT_IDS} token ids")
+        for i, t in enumerate(ids):
+            if not _is_int(t) or t < 0 or t > MAX_TOKEN_ID:
+                raise SampleError(f"{where}.output_ids[{i}]: must be an integer in [0, {MAX_TOKEN_ID}]")
+        completion = _nonneg_int(f"{where}.completion_tokens", doc.get("completion_tokens"), MAX_OUTPUT_IDS)
+        status = doc.get("status")
+        if status is not None and (not _is_int(status) or not 100 <= status <= 599):
+            raise SampleError(f"{where}.status: must be an HTTP status (100-599) or null")
+        error = doc.get("error")
+        if error is not None:
+            if not isinstance(error, str):
+                raise SampleError(f"{where}.error: must be a string or null")
+            error = error[:MAX_ERROR_CHARS]
+        return cls(
+            output_ids=tuple(ids),
+            decode_s_per_token=_seconds(f"{where}.decode_s_per_token", doc["decode_s_per_token"]),
+            ttft_s=_seconds(f"{where}.ttft_s", doc["ttft_s"]),
+            spec_accept_length=_nonneg_float(f"{where}.spec_accept_length", doc["spec_accept_length"], 1e6),
+            spec_verify_ct=_nonneg_int(f"{where}.spec_verify_ct", doc.get("spec_verify_ct"), 2**31 - 1),
+            completion_tokens=len(ids) if completion is None else completion,
+            load=_nonneg_float(f"{where}.load", doc.get("load"), 1e9),
+            status=status,
+            error=error,
+        )
+
+
+@dataclass(frozen=True)
+class ComparisonSample:
+    """The comparison workload's requests on one release, in workload order (warmup excluded), and where the load
+    figures came from (``"metrics"``: the server's ``/metrics``; None: it exposes none)."""
+
+    requests: tuple[CompareRequest, ...]
+    load_source: Literal["metrics"] | None = None
+
+    @property
+    def answered(self) -> tuple[CompareRequest, ...]:
+        return tuple(r for r in self.requests if r.ok)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"requests": [r.to_json() for r in self.requests], "load_source": self.load_source}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ComparisonSample:
+        """A sample from untrusted JSON (already decoded); SampleError naming the field when it is not one."""
+        if not isinstance(doc, Mapping):
+            raise SampleError("sample: must be a JSON object with requests[]")
+        unknown = sorted(str(k) for k in doc if k not in _SAMPLE_KEYS)
+        if unknown:
+            raise SampleError(f"sample: unknown key(s) {', '.join(repr(k[:40]) for k in unknown[:5])}")
+        raw = doc.get("requests")
+        if not isinstance(raw, list):
+            raise SampleError("requests: must be a list")
+        if len(raw) > MAX_REQUESTS:
+            raise SampleError(f"requests: more than {MAX_REQUESTS} requests")
+        source = doc.get("load_source")
+        if source is not None and source not in LOAD_SOURCES:
+            raise SampleError(f"load_source: must be one of {', '.join(LOAD_SOURCES)} or null")
+        return cls(
+            requests=tuple(CompareRequest.from_json(item, f"requests[{i}]") for i, item in enumerate(raw)),
+            load_source=source,
+        )
