@@ -79,20 +79,42 @@ def fmt(x: float) -> str:
     return f"{x:.4g}" if math.isfinite(x) else str(x)
 
 
+def malformed_reason(j: Judgement) -> str | None:
+    """Why a judged line is malformed (its own problems, or a rank outside the unit's TP size); None when it is
+    well formed. A malformed line has no figures worth showing (its layer reads -1, its rel NaN)."""
+    return j.reason.removeprefix("malformed: ") if j.reason.startswith("malformed: ") else None
+
+
+def describe_line(j: Judgement) -> str:
+    """One judged line in words: ``TP3 L12 rel=0.41 FAIL``, or a malformed line's reason."""
+    p = j.line
+    if p is None:
+        return f"{j.raw.strip()[:120]} {j.verdict}"
+    rank = f"TP{p.rank} " if p.rank is not None else ""
+    why = malformed_reason(j)
+    if why is not None:
+        return f"{rank}malformed line ({why}) {j.verdict}"
+    return f"{rank}L{p.layer} rel={fmt(p.rel)} max_abs_diff={fmt(p.max_abs_diff)} {j.verdict}"
+
+
 def parity_table(judgements: list[Judgement], title: str = "", times: list[str] | None = None) -> Table:
     """One row a judged line: its rank, layer and figures (``-`` for a marker inside another message) and the
-    gate's verdict."""
+    gate's verdict; a malformed line shows why instead of its figures."""
     table = Table(title=title or None)
     if times:
         table.add_column("time")
     for col in ("rank", "layer", "max_abs_diff", "mean", "rel", "verdict"):
         table.add_column(col, justify="right" if col not in ("verdict",) else "left")
+    reasons = [malformed_reason(j) for j in judgements]
+    if any(reasons):
+        table.add_column("malformed")
     for i, j in enumerate(judgements):
-        p = j.line
-        figures = (
-            [f"TP{p.rank}" if p.rank is not None else "-", f"L{p.layer}", fmt(p.max_abs_diff), fmt(p.mean), fmt(p.rel)]
-            if p is not None
-            else ["-"] * 5
-        )
-        table.add_row(*([times[i]] if times else []), *figures, verdict_text(j.verdict))
+        p, why = j.line, reasons[i]
+        rank = f"TP{p.rank}" if p is not None and p.rank is not None else "-"
+        if p is None or why is not None:
+            figures = [rank, "-", "-", "-", "-"]
+        else:
+            figures = [rank, f"L{p.layer}", fmt(p.max_abs_diff), fmt(p.mean), fmt(p.rel)]
+        extra = [why or ""] if any(reasons) else []
+        table.add_row(*([times[i]] if times else []), *figures, verdict_text(j.verdict), *extra)
     return table

@@ -1,16 +1,18 @@
-"""``opsctl releases``: the releases on a host, their state and last verdict."""
+"""``opsctl releases``: the releases on a host, their state and last verdict, and what cleanup removed and when."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from ..host import history as host_history
-from ..host import views
 from . import common
-from .parityview import verdict_text
+
+if TYPE_CHECKING:
+    from ..host.history import HistoryRecord
+
+# How many removed releases the table shows below the ones on the host (--json gives every one).
+SHOWN_REMOVED = 10
 
 
 def releases_command(
@@ -18,7 +20,14 @@ def releases_command(
     as_json: Annotated[bool, typer.Option("--json", help="print the releases as JSON")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
-    """List the releases on HOST: id, created, commit, current/good/bad, last verdict."""
+    """List the releases on HOST: id, created, commit, current/good/bad, last verdict; then the releases cleanup
+    removed, and when."""
+    from rich.table import Table
+
+    from ..host import history as host_history
+    from ..host import views
+    from .parityview import verdict_text
+
     h = common.host_of(host, inventory_path, "releases")
     host = h.name
     view = views.read_releases(h)
@@ -48,13 +57,30 @@ def releases_command(
                 "verdict_at": last.at if last else None,
             }
         )
+    removed = removed_releases(hist, set(snap.releases))
+    for rid, rec in removed:
+        last = verdicts.get(rid)
+        rows.append(
+            {
+                "id": rid,
+                "created": None,
+                "commit": None,
+                "dirty": None,
+                "flags": ["removed"],
+                "verdict": last.verdict if last else None,
+                "verdict_at": last.at if last else None,
+                "removed_at": rec.at,
+                "removed_by": f"cleanup after deploying {rec.release}" if rec.release else "cleanup",
+            }
+        )
     if as_json:
         common.emit_json(rows)
         return
     table = Table(title=f"releases on {host} ({h.root})")
     for col in ("id", "created", "commit", "state", "last verdict"):
         table.add_column(col)
-    for row in rows:
+    present = [row for row in rows if "removed" not in row["flags"]]
+    for row in present:
         commit = (row["commit"] or "-")[:10] + ("+dirty" if row["dirty"] else "")
         table.add_row(
             row["id"],
@@ -63,7 +89,32 @@ def releases_command(
             ", ".join(row["flags"]),
             verdict_text(row["verdict"]) if row["verdict"] else "-",
         )
+    gone = [row for row in rows if "removed" in row["flags"]]
+    for row in gone[:SHOWN_REMOVED]:
+        table.add_row(
+            f"[dim]{row['id']}[/]",
+            "-",
+            "-",
+            f"[dim]removed {row['removed_at'] or '?'} ({row['removed_by']})[/]",
+            verdict_text(row["verdict"]) if row["verdict"] else "-",
+        )
     common.out.print(table)
+    if len(gone) > SHOWN_REMOVED:
+        common.out.print(f"[dim]{len(gone) - SHOWN_REMOVED} older removed release(s): --json lists them[/]")
+
+
+def removed_releases(history: list[HistoryRecord], on_host: set[str]) -> list[tuple[str, HistoryRecord]]:
+    """Each release a cleanup record says it removed and that is not on the host now, newest removal first, with
+    that record (pure)."""
+    from ..host.history import HistoryEvent
+
+    seen: dict[str, HistoryRecord] = {}
+    for rec in reversed(history):
+        if rec.event is HistoryEvent.CLEANUP:
+            for rid in rec.removed or []:
+                if rid not in on_host and rid not in seen:
+                    seen[rid] = rec
+    return list(seen.items())
 
 
 app = typer.Typer()

@@ -32,6 +32,7 @@ class HistoryEvent(StrEnum):
     ROLLBACK = "rollback"
     ADOPT = "adopt"
     LOCK_BREAK = "lock-break"
+    CLEANUP = "cleanup"  # a deploy's cleanup removed releases (``removed``), after a pass or a failure
 
 
 class DeployVerdict(StrEnum):
@@ -129,6 +130,7 @@ class HistoryRecord:
     unit: str | None = None  # adopt: the hand-made unit's path
     files: int | None = None  # adopt: how many files were recorded
     owner: dict[str, Any] | None = None  # lock-break: the owner record of the lock that was broken
+    removed: list[str] | None = None  # cleanup: the releases it removed
     at: str | None = None  # when it was written (UTC, by append_history); None before
 
     def as_json(self) -> dict[str, Any]:

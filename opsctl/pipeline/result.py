@@ -116,8 +116,9 @@ def _seconds(value: object) -> float | None:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def describe_restart_times(times: RestartTimes) -> str:
-    """``ready 3.1s after the restart, verdict PASS 0.8s later (4.0s in all; deploy r1 at ...)``."""
+def describe_restart_times(times: RestartTimes, *, with_record: bool = True) -> str:
+    """``ready 3.1s after the restart, verdict PASS 0.8s later (4.0s after the restart); deploy r1 at ...``
+    (without the record's event, release and time when the caller names them already)."""
     ready, later, total = times.ready_after_s, times.verdict_after_ready_s, times.verdict_after_s
     head = f"ready {ready:.1f}s after the restart" if ready is not None else "never ready"
     verdict = f"verdict {times.verdict}"
@@ -125,4 +126,5 @@ def describe_restart_times(times: RestartTimes) -> str:
         verdict += f" {later:.1f}s later"
     if total is not None:
         verdict += f" ({total:.1f}s after the restart)"
-    return f"{head}, {verdict}; {times.event} {times.release} at {times.at}"
+    text = f"{head}, {verdict}"
+    return f"{text}; {times.event} {times.release} at {times.at}" if with_record else text

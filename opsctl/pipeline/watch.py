@@ -21,7 +21,7 @@ from ..journal.query import Mark, mark_command, parse_mark
 from ..ssh.remote import Remote
 from ..ssh.session import Session
 from ..unit import systemctl
-from .report import Reporter
+from .report import INFO_IGNORED, INFO_PROBE_WAVE, INFO_READY, GateProgress, Reporter, show_gate
 
 
 def _mark(r: Remote, host: HostConfig) -> Mark:
@@ -79,13 +79,16 @@ def _probe_times(doc: dict[str, object]) -> str:
 
 def feed_line(state: GateState, message: str, now: float, reporter: Reporter) -> LineVerdict | None:
     """One journal message into the gate, reported: parity lines with their verdict; a line that is not evidence
-    (wrong or missing token, or the marker inside another message) once, with the reason, never counted."""
+    (wrong or missing token, or the marker inside another message) once, with the reason, never counted. Lines
+    after the decision (the rest of the poll's batch) are not reported: they count for nothing."""
     j = judge(state, message, now)
     if j is None:
         return None
+    if j.after_decision:
+        return j.verdict
     if j.line is None or j.verdict is LineVerdict.IGNORED:
         where = f"parity line {j.line.where}" if j.line is not None else "line"
-        reporter.info(f"ignored {where}: {j.reason}: {j.raw.strip()[:160]}")
+        reporter.info(f"{INFO_IGNORED}{where}: {j.reason}: {j.raw.strip()[:160]}")
     else:
         reporter.parity(j.line, j.verdict)
     return j.verdict
@@ -107,6 +110,7 @@ class ProbeDriver:
         self.host, self.state, self.reporter = host, state, reporter
         self.client = ProbeClient(host, lambda: session.r)
         self.reported_not_ready = ""
+        self.last_ttft_ms: tuple[float, float] | None = None
 
     def step(self, clock: Callable[[], float]) -> Wave | None:
         """One readiness wait or one wave; the wave is returned for the loop to feed after the unit's state."""
@@ -116,7 +120,7 @@ class ProbeDriver:
             if readiness.ready:
                 state.server_ready(clock())
                 self.reporter.info(
-                    f"probe: the server is ready ({readiness.describe(probe.ready_path)}) "
+                    f"{INFO_READY} ({readiness.describe(probe.ready_path)}) "
                     f"{clock() - state.started_at:.1f}s after the restart; sending probe waves"
                 )
             else:
@@ -136,7 +140,26 @@ class ProbeDriver:
         ttft = [r.ttft_s * 1000 for r in wave.requests if r.ok and r.ttft_s is not None]
         if ttft:
             text += f", TTFT {min(ttft):.0f}-{max(ttft):.0f} ms"
-        self.reporter.info(f"probe wave {self.state.probe.waves}: {text} ({wave.elapsed_s:.1f}s)")
+        self.reporter.info(f"{INFO_PROBE_WAVE}{self.state.probe.waves}: {text} ({wave.elapsed_s:.1f}s)")
+        self.last_ttft_ms = (min(ttft), max(ttft)) if ttft else None
+
+
+def gate_progress(state: GateState, now: float, last_ttft_ms: tuple[float, float] | None) -> GateProgress:
+    """The gate between two polls, for a live view (pure)."""
+    tally = state.probe
+    return GateProgress(
+        deadline_left_s=max(0.0, state.started_at + state.deadline_s - now),
+        expected_ranks=state.expected_ranks,
+        consecutive_passes=state.settings.consecutive_passes,
+        probing=state.traffic is Traffic.PROBE,
+        ready=state.traffic is not Traffic.PROBE or state.ready_at is not None,
+        sent=tally.sent,
+        answered=tally.answered,
+        failed=tally.failed,
+        waves=tally.waves,
+        ttft_ms=last_ttft_ms,
+        verdict=state.verdict,
+    )
 
 
 def run_gate(
@@ -197,6 +220,7 @@ def run_gate(
             reporter.info(f"SSH trouble during the gate ({e.message}); retrying from the journal cursor")
             probed = False
         state.tick(clock())
+        show_gate(reporter, gate_progress(state, clock(), driver.last_ttft_ms if driver is not None else None))
         if state.decided:
             break
         if probed:

@@ -117,14 +117,17 @@ def test_status_json_and_table_judge_as_the_gate(
     snap = parse_snapshot("root_exists=1\nunit_active=active\n")
     messages = [parity("9.0e-01", rank=1), parity(rank=0), NO_TOKEN, MISPLACED, parity(rank=7)]
     view = views.StatusView(snap, [], messages, TOKEN)
-    monkeypatch.setattr(cli_status.views, "read_status", lambda _h: view)
+    monkeypatch.setattr(views, "read_status", lambda _h: view)
     doc = cli_status._status_one(host(), as_json=True)
     assert [(p["rank"], p["verdict"]) for p in doc["parity"]] == [(0, "PASS"), (1, "FAIL"), (7, "FAIL")]
     buf = io.StringIO()
     monkeypatch.setattr(cli_status, "console", Console(file=buf, width=200, color_system=None))
     cli_status._status_one(host(), as_json=False)
     text = buf.getvalue()
-    assert "2 marked line(s) of the current invocation IGNORED" in text and text.count("FAIL") == 2
+    assert "2 marked line(s) of the current invocation IGNORED" in text
+    rows = [line for line in text.splitlines() if "│" in line and "FAIL" in line]
+    assert len(rows) == 2  # TP1 over the fail threshold, TP7 outside the unit's 2 ranks (malformed: its reason)
+    assert "outside the unit's 2 TP ranks" in text and "nan" not in text
 
 
 def test_every_json_document_names_nan_and_the_infinities(capsys: pytest.CaptureFixture[str]) -> None:
