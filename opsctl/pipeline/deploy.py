@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import DeployFailed, GateFailed, LockHeld
+from ..host import history as host_history
 from ..host import releaseroot
 from ..inventory import HostConfig
 from ..lock import hostlock
@@ -18,7 +19,7 @@ from ..release import Manifest, make_manifest, stage
 from ..ssh.session import Connect, DeployRemote, default_connect
 from ..unit import unitfile
 from . import prerestart as checks
-from .plan import DeployOptions, make_plan
+from .plan import DeployOptions, make_plan, redeploy_reason
 from .report import ParityRecorder, Reporter
 from .result import DeployResult, DeployVerdict, HistoryEvent, HistoryRecord
 from .rollback import undo_restart
@@ -31,10 +32,15 @@ def _preflight(manifest: Manifest) -> Step:
     def run_(run: Run) -> str:
         host, opts = run.host, run.opts
         snap = snapshot(run)
-        plan = make_plan(host, manifest, snap, opts)
+        # Whether the current release is up to date needs its last gate: read only when it is the one deployed.
+        current = snap.current == manifest.id and not opts.force
+        history = host_history.read_history(run.r, run.layout) if current else []
+        plan = make_plan(host, manifest, snap, opts, history)
         run.result.plan = plan
         run.result.current_after = snap.current
         detail = f"current {snap.current or 'none'}, unit {snap.unit.active_state}, {snap.free_mb} MB free"
+        if current and not plan.up_to_date and not plan.refusal:
+            detail += f"; {redeploy_reason(manifest.id, snap, history)}: deploying it again"
         if snap.lock_present and not snap.lock_stale and not opts.dry_run:
             raise LockHeld(
                 f"{host.name}: the deploy lock is held by {hostlock.describe_owner(snap.lock_owner)}. Wait for it, or if "
@@ -47,7 +53,8 @@ def _preflight(manifest: Manifest) -> Step:
         if plan.up_to_date:
             raise Concluded(
                 DeployVerdict.UP_TO_DATE,
-                f"{manifest.id} is already current; `opsctl restart {host.name}` restarts and gates it, --force redeploys",
+                f"{manifest.id} is already current, its last gate passed and the unit is active; "
+                f"`opsctl restart {host.name}` restarts and gates it, --force redeploys",
                 detail,
             )
         if opts.dry_run:

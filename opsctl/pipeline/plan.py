@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..gate.traffic import plan_lines
+from ..host.history import DeployVerdict, HistoryEvent, HistoryRecord
 from ..host.releaseroot import HostSnapshot, Layout
 from ..inventory import HostConfig
 from ..lock import hostlock
@@ -71,8 +73,39 @@ def refusal(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: Depl
     return None
 
 
-def _notes(host: HostConfig, manifest: Manifest, snap: HostSnapshot) -> list[str]:
+# The commands whose records carry a gate's verdict on the release they leave current.
+_GATED_EVENTS = frozenset({HistoryEvent.DEPLOY, HistoryEvent.RESTART, HistoryEvent.ROLLBACK})
+
+
+def last_verdict(history: Sequence[HistoryRecord], release: str) -> DeployVerdict | None:
+    """The verdict of the latest deploy, restart or rollback of ``release`` (None: none recorded). Pure."""
+    for rec in reversed(history):
+        if rec.release == release and rec.verdict is not None and rec.event in _GATED_EVENTS:
+            return rec.verdict
+    return None
+
+
+def redeploy_reason(release: str, snap: HostSnapshot, history: Sequence[HistoryRecord]) -> str | None:
+    """Why a deploy of ``release`` has something to do; None when the host is up to date with it. Up to date
+    needs all three: ``current`` is the release, its last gate passed, and the unit is active. A release left
+    current by an UNPROVEN or failed gate, a --no-restart STAGED or an ungated rollback, or whose unit is
+    stopped or failed, is deployed again (issue 36: UP-TO-DATE on a dead host). Pure."""
+    if snap.current != release:
+        return f"current is {snap.current or 'none'}"
+    verdict = last_verdict(history, release)
+    if verdict is not DeployVerdict.PASS:
+        return f"{release} is current but its last gate did not pass ({verdict or 'no gated verdict recorded'})"
+    if snap.unit.active_state != "active":
+        return f"{release} is current but the unit is {snap.unit.active_state or 'unknown'}"
+    return None
+
+
+def _notes(host: HostConfig, manifest: Manifest, snap: HostSnapshot, history: Sequence[HistoryRecord]) -> list[str]:
     notes = []
+    if snap.current == manifest.id:
+        why = redeploy_reason(manifest.id, snap, history)
+        if why is not None:
+            notes.append(f"{why}: deploying it again")
     if snap.unit.drop_in_paths:
         notes.append(f"drop-ins override parts of the unit: {snap.unit.drop_in_paths}")
     if snap.is_virgin:
@@ -111,8 +144,15 @@ def _steps(
     return steps
 
 
-def make_plan(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: DeployOptions) -> Plan:
-    """What a deploy would do on this host, or why it refuses. No I/O."""
+def make_plan(
+    host: HostConfig,
+    manifest: Manifest,
+    snap: HostSnapshot,
+    opts: DeployOptions,
+    history: Sequence[HistoryRecord] = (),
+) -> Plan:
+    """What a deploy would do on this host, or why it refuses. ``history``: the host's history records (needed
+    only when ``manifest`` is current, to tell whether it is up to date). No I/O."""
     refused = refusal(host, manifest, snap, opts)
     link_dest = Layout(host.root).release(snap.current) if snap.current and snap.current in snap.releases else None
     return Plan(
@@ -120,9 +160,9 @@ def make_plan(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: De
         release=manifest.id,
         previous=snap.current,
         steps=tuple(_steps(host, manifest, snap, opts, link_dest)),
-        notes=tuple(_notes(host, manifest, snap)),
+        notes=tuple(_notes(host, manifest, snap, history)),
         refusal=refused,
-        up_to_date=refused is None and manifest.id == snap.current and not opts.force,
+        up_to_date=refused is None and not opts.force and redeploy_reason(manifest.id, snap, history) is None,
         link_dest=link_dest,
         probe=() if opts.no_restart else tuple(plan_lines(host)),
     )

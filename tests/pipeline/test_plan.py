@@ -7,6 +7,7 @@ from opsctl.host.history import DeployVerdict, HistoryEvent, HistoryRecord
 from opsctl.host.releaseroot import HostSnapshot, UnitInfo
 from opsctl.inventory import HostConfig
 from opsctl.pipeline import DeployOptions, make_plan, rollback_target
+from opsctl.pipeline.plan import last_verdict, redeploy_reason
 from opsctl.release import FileEntry, Manifest
 from tests import builders
 
@@ -93,10 +94,61 @@ def test_gpu_arch_must_match() -> None:
     assert make_plan(host("12.0"), manifest(), snap(gpu_compute_caps=("12.0",)), DeployOptions()).refusal is None
 
 
+PASSED = (HistoryRecord(HistoryEvent.DEPLOY, OLD, DeployVerdict.PASS),)
+
+
 def test_bad_release_with_force_and_up_to_date() -> None:
     assert make_plan(host(), manifest(), snap(bad=frozenset({NEW})), DeployOptions(force=True)).refusal is None
-    assert make_plan(host(), manifest(OLD), snap(), DeployOptions()).up_to_date
-    assert not make_plan(host(), manifest(OLD), snap(), DeployOptions(force=True)).up_to_date
+    assert make_plan(host(), manifest(OLD), snap(), DeployOptions(), PASSED).up_to_date
+    assert not make_plan(host(), manifest(OLD), snap(), DeployOptions(force=True), PASSED).up_to_date
+
+
+def test_up_to_date_needs_current_a_passed_gate_and_an_active_unit() -> None:
+    assert redeploy_reason(OLD, snap(), PASSED) is None
+    # Each of the three missing on its own means: deploy again.
+    assert "current is r00000000000a" in (redeploy_reason(OLD, snap(current="r00000000000a"), PASSED) or "")
+    assert "current is none" in (redeploy_reason(OLD, snap(current=None), PASSED) or "")
+    assert "no gated verdict" in (redeploy_reason(OLD, snap(), ()) or "")
+    dead = snap(unit=UnitInfo(load_state="loaded", active_state="inactive"))
+    assert "unit is inactive" in (redeploy_reason(OLD, dead, PASSED) or "")
+    failed = snap(unit=UnitInfo(load_state="loaded", active_state="failed"))
+    assert "unit is failed" in (redeploy_reason(OLD, failed, PASSED) or "")
+
+
+@pytest.mark.parametrize(
+    "latest",
+    [
+        # issue 36: a first deploy that ended UNPROVEN leaves `current` on it (and the unit stopped)
+        HistoryRecord(HistoryEvent.DEPLOY, OLD, DeployVerdict.UNPROVEN, current=OLD),
+        HistoryRecord(HistoryEvent.DEPLOY, OLD, DeployVerdict.STAGED),  # --no-restart: never gated
+        HistoryRecord(HistoryEvent.RESTART, OLD, DeployVerdict.FAIL),  # a plain restart failed its gate
+        HistoryRecord(HistoryEvent.ROLLBACK, OLD, DeployVerdict.DONE),  # an ungated rollback
+        HistoryRecord(HistoryEvent.DEPLOY, OLD, DeployVerdict.ERROR),
+    ],
+)
+def test_a_later_verdict_other_than_pass_is_not_up_to_date(latest: HistoryRecord) -> None:
+    history = [*PASSED, HistoryRecord(HistoryEvent.DEPLOY_START, OLD), latest]
+    assert last_verdict(history, OLD) is latest.verdict
+    plan = make_plan(host(), manifest(OLD), snap(), DeployOptions(), history)
+    assert not plan.up_to_date and plan.refusal is None
+    assert any("last gate did not pass" in n and str(latest.verdict) in n for n in plan.notes)
+
+
+def test_last_verdict_is_the_releases_own_and_gated() -> None:
+    history = [
+        *PASSED,
+        HistoryRecord(HistoryEvent.DEPLOY, NEW, DeployVerdict.FAIL, current=OLD),  # another release's failure
+        HistoryRecord(HistoryEvent.DEPLOY_START, OLD),  # no verdict
+        HistoryRecord(HistoryEvent.LOCK_BREAK),
+    ]
+    assert last_verdict(history, OLD) is DeployVerdict.PASS
+    assert make_plan(host(), manifest(OLD), snap(), DeployOptions(), history).up_to_date
+    # A rollback that passed its gate vouches for the release it went back to.
+    back = [
+        HistoryRecord(HistoryEvent.DEPLOY, OLD, DeployVerdict.UNPROVEN),
+        HistoryRecord(HistoryEvent.ROLLBACK, OLD, DeployVerdict.PASS),
+    ]
+    assert redeploy_reason(OLD, snap(), back) is None
 
 
 def test_rollback_target() -> None:
