@@ -1,9 +1,10 @@
 """The rollback: every path that puts an earlier release back goes through this module.
 
 - ``rollback_target``: where a rollback goes (``--to``, else the newest good release other than current). Pure.
-- ``restore_previous``: switch back, install the release's unit, restart and gate it (or stop the unit when there
-  is nothing to go back to). A deploy's failed restart undoes itself with it (``undo_restart``), and
-  ``restart --rollback-on-fail`` with ``rollback_if_failed_step``.
+- ``restore_previous``: switch back, install the release's unit (its template rendered with today's inventory,
+  opsctl/unit/unitfile.py), restart and gate it; or stop the unit when there is nothing to go back to, or when
+  that unit would drop a setting the running unit has from the inventory. A deploy's failed restart undoes
+  itself with it (``undo_restart``), and ``restart --rollback-on-fail`` with ``rollback_if_failed_step``.
 - ``rollback``: the ``opsctl rollback`` command (also what ``health --rollback-on-fail`` and group roll-backs run).
 """
 
@@ -69,8 +70,16 @@ def restore_previous(run: Run, target: str | None, failed: str) -> None:
     """After ``failed`` was (or may have been) started: switch back to ``target``, restart and gate it (with the
     host's full deadline: a --gate-timeout was meant for the new release); with no target, stop the unit."""
     host, layout, result = run.host, run.layout, run.result
+    why_none = "nothing to roll back to"
+    if target is not None:
+        try:  # checked before anything is switched: its unit would lose a setting from the inventory
+            run.call(lambda r: unitfile.unit_for_release(r, host, layout, target))
+        except unitfile.UnitSettingsLost as e:
+            run.reporter.info(e.message)
+            why_none, target = f"not back to {target} (its unit would drop an inventory setting)", None
+            run.switched = False  # `current` stays on the failed release, its unit stopped: nothing half-switched
     if target is None:
-        with run.timer.timed(run.reporter, "rollback", "nothing to roll back to: stopping the unit"):
+        with run.timer.timed(run.reporter, "rollback", f"{why_none}: stopping the unit"):
             run.r.run(systemctl.action_argv("stop", host.unit), timeout=300, check=False)
         result.rolled_back_to, result.rollback_verdict = None, NoRollback.UNIT_STOPPED
         return
@@ -125,6 +134,7 @@ def rollback_if_failed_step() -> Step:
         after = run.call(lambda r: releaseroot.read_snapshot(r, run.host.root, run.host.unit))
         try:
             target = rollback_target(after, None, False, history)
+            run.call(lambda r: unitfile.unit_for_release(r, run.host, run.layout, target))  # UnitSettingsLost
         except DeployFailed as e:
             run.reporter.info(f"cannot roll back: {e.message}")
             return
@@ -144,6 +154,8 @@ def _rollback_preflight(to: str | None, force: bool) -> Step:
         require_managed(snap, run.host)
         history = run.call(lambda r: host_history.read_history(r, run.layout))
         target = rollback_target(snap, to, force, history)
+        # Refused here, before the lock and the switch, when its unit would drop a setting from the inventory.
+        run.call(lambda r: unitfile.unit_for_release(r, run.host, run.layout, target))
         run.result.release = target
         return f"{snap.current or 'none'} -> {target}"
 

@@ -3,15 +3,23 @@
 ExecStart runs from ``<root>/current``: SGLang with the kdtree backend and the DDTree settings on GPU hosts,
 on testbed hosts the CPU stand-in for SGLang (``standin``) or the timer replay service (``replay``):
 ``service.mode`` decides.
+
+A release's unit is always rendered from *today's* inventory with the release's own template
+(``<release>/systemd/sglang-k26-ddtree.service``): a rollback or a deploy's undo never brings back the settings
+of the inventory as it was at that release's deploy (issue 36: an old stored unit without ``EnvironmentFile``
+served with no API key). Release zero (adopted, no template) keeps its hand-made unit; a unit that would lose a
+setting the running unit has from today's inventory is refused, naming it (docs/release-layout.md).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import DeployFailed
 from ..inventory import HostConfig
 from ..ssh.remote import Remote
 from . import systemctl
@@ -20,12 +28,17 @@ if TYPE_CHECKING:
     from ..host.releaseroot import Layout
 
 __all__ = [
+    "UnitSettingsLost",
     "exec_argv",
     "install",
+    "install_for_release",
+    "lost_settings",
+    "release_unit_text",
     "render",
     "render_from_tree",
     "systemd_value",
     "systemd_word",
+    "unit_for_release",
     "unit_path",
 ]
 
@@ -163,9 +176,95 @@ def read_installed(r: Remote, host: HostConfig) -> str | None:
     return res.stdout if res.rc == 0 else None
 
 
+# The template's placeholders that carry a setting from the inventory (HEADER and MODE are comments). An older
+# release's template without one of them would render a unit without that setting.
+SETTING_PLACEHOLDERS = {
+    "ROOT": "WorkingDirectory=, the PYTHONPATH/KDTREE_CONFIG paths and the parity token's EnvironmentFile=",
+    "USER": "User=",
+    "UNIT": "SyslogIdentifier=",
+    "ENVIRONMENT_FILE": "EnvironmentFile= (service.environment_file)",
+    "EXEC_START": "ExecStart=",
+    "RESTART_SEC": "RestartSec=",
+    "START_TIMEOUT": "TimeoutStartSec=",
+    "GPU_ACCESS": "DeviceAllow=",
+}
+
+
+class UnitSettingsLost(DeployFailed):
+    """Installing a release's unit would drop a setting the running unit has from today's inventory."""
+
+
+def _settings(text: str) -> set[str]:
+    """The unit's ``Key=value`` lines, stripped (sections, comments and blank lines left out)."""
+    lines = (line.strip() for line in text.split("\n"))
+    return {line for line in lines if "=" in line and not line.startswith(("#", ";", "["))}
+
+
+def lost_settings(host: HostConfig, running: str | None, target: str, template: str | None) -> list[str]:
+    """The settings from today's inventory that installing ``target`` would lose. ``template``: the release's
+    template ``target`` was rendered from (None for release zero's hand-made unit). A template without one of
+    today's setting placeholders loses that setting; any unit without the inventory's ``EnvironmentFile=`` that
+    the running unit has loses it. Pure."""
+    lost = []
+    if template is not None:
+        lost += [what for key, what in SETTING_PLACEHOLDERS.items() if f"@@{key}@@" not in template]
+    env_file = host.service.environment_file
+    if env_file and running is not None:
+        line = f"EnvironmentFile=-{systemd_value(env_file)}"
+        if line in _settings(running) and line not in _settings(target):
+            lost.append(line)
+    return lost
+
+
+def release_unit_text(
+    host: HostConfig, release: str, template: str | None, stored: str | None, running: str | None
+) -> str:
+    """The unit to install for ``release``: its own template rendered with today's inventory; release zero (no
+    template) its stored hand-made unit. Raises UnitSettingsLost naming what the running unit would lose. Pure."""
+    if template is not None:
+        try:
+            text = render(template, host)
+        except KeyError as e:
+            raise DeployFailed(f"{host.name}: release {release}'s {TEMPLATE_REL}: {e.args[0]}") from None
+    elif stored is not None:
+        text = stored
+    else:
+        raise DeployFailed(f"{host.name}: release {release} has neither {TEMPLATE_REL} nor a stored unit.service")
+    lost = lost_settings(host, running, text, template)
+    if lost:
+        where = f"its {TEMPLATE_REL}" if template is not None else "its hand-made unit.service"
+        raise UnitSettingsLost(
+            f"{host.name}: refusing to install the unit of release {release}: it would drop {'; '.join(lost)}, "
+            f"which the running unit has from the inventory ({where} lacks it). Roll back to another release "
+            f"(--to), or add the setting to {where}"
+        )
+    return text
+
+
+def _read_optional(r: Remote, path: str) -> str | None:
+    res = r.run(f"test -f {shlex.quote(path)} && cat -- {shlex.quote(path)}", timeout=60, check=False)
+    return res.stdout if res.rc == 0 else None
+
+
+def _unit_and_installed(r: Remote, host: HostConfig, layout: Layout, release: str) -> tuple[str, str | None]:
+    release_dir = layout.release(release)
+    template = _read_optional(r, f"{release_dir}/{TEMPLATE_REL}")
+    stored = None if template is not None else _read_optional(r, f"{release_dir}/unit.service")
+    installed = read_installed(r, host)
+    return release_unit_text(host, release, template, stored, installed), installed
+
+
+def unit_for_release(r: Remote, host: HostConfig, layout: Layout, release: str) -> str:
+    """Read the release's template (or release zero's stored unit) and the running unit; the unit to install
+    (release_unit_text), or UnitSettingsLost. Nothing is changed on the host."""
+    return _unit_and_installed(r, host, layout, release)[0]
+
+
 def install_for_release(r: Remote, host: HostConfig, layout: Layout, release: str) -> bool:
-    """Install the unit stored with a release (rendered at its deploy, or the hand-made one for release zero)."""
-    text = r.read_file(f"{layout.release(release)}/unit.service").decode()
-    changed = install(r, host, text, read_installed(r, host))
+    """Install the unit of a release: its template rendered with today's inventory (release zero: its hand-made
+    unit), refused when it would drop a setting the running unit has from the inventory. Returns whether the
+    installed unit changed."""
+    text, installed = _unit_and_installed(r, host, layout, release)
+    changed = install(r, host, text, installed)
     r.run(systemctl.enable_once_command(host.unit), timeout=60, check=False)
     return changed
