@@ -1,0 +1,513 @@
+"""The comparison's judge (docs/gate.md "The comparison"): two samples of the same workload, the release being
+replaced (the baseline) and the new one (the candidate), in; a verdict with its figures out. Pure: no I/O, no
+clock; the deploy, ``opsctl restart``, ``opsctl health --probe`` and ``opsctl compare`` all ask it.
+
+What it judges, request by request in workload order (request i is the same prompt on both sides):
+
+* **Requests.** A request the candidate fails where the baseline answered is a FAIL (HTTP 4xx there: the release
+  broke the API). A 4xx on both sides is ERROR: the workload does not fit the server (configuration), no verdict
+  on the release. Requests the baseline did not answer are left out; fewer than :func:`min_pairs` answered on
+  both sides and the comparison cannot decide (UNDECIDED, never a FAIL).
+* **Answers.** Identical output ids over the first ``compare_tokens``, else the index where they first diverge;
+  FAIL when fewer than ``min_identical`` (a fraction) of the prompts agree. The agreement is always reported.
+* **Decode speed.** Seconds per token after the first, new against old: the one-sided Mann-Whitney U test
+  (opsctl/gate/mannwhitney.py) that the new ones are larger; FAIL when the ratio of the medians (old / new, the
+  speed ratio: below 1 is slower) is below ``1 - max_slowdown`` **and** p < ``alpha``. When the load the server
+  reported (``sglang:num_running_reqs``) differs between the sides beyond ``max_load_diff`` the speed cannot be
+  decided; when the server reports none the speed is judged as measured and the report says the load is unknown.
+* **Accepted drafts.** When both sides report ``spec_accept_length``: FAIL when the mean drops by more than
+  ``max_accept_drop`` (relative) **and** the same test says p < ``alpha``. Not affected by load (it is a property
+  of the tokens, not of time), so judged whatever the load.
+* **TTFT.** Reported (median new / old), never judged: the first token after a restart pays for cold caches.
+
+The outcome is the worst of the parts: FAIL, then ERROR, then UNDECIDED, else PASS; ``reasons`` name the figure
+(``decode 0.71x of rfb4d975 (p=0.002, 16 vs 16 requests)``), ``line()`` is the one line a deploy prints.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from .mannwhitney import mann_whitney_greater, smallest_p
+from .sample import CompareRequest, ComparisonSample
+
+MIN_PAIRS = 5  # the fewest requests answered on both sides that can decide: at 5 vs 5 the exact test reaches 1/252
+MIN_SECONDS = 1e-9  # a time below a nanosecond per token is not a measurement (and would make ratios infinite)
+
+
+class Outcome(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    UNDECIDED = "UNDECIDED"  # cannot decide: too few answered requests, or the load differed (speed only)
+    ERROR = "ERROR"  # 4xx on both sides: the workload does not fit the server; no verdict on the release
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {Outcome.PASS: 0, Outcome.UNDECIDED: 1, Outcome.ERROR: 2, Outcome.FAIL: 3}
+
+
+class Thresholds(Protocol):
+    """What the judge reads from the inventory's ``gate.compare`` (``CompareSettings``) or the CLI's flags."""
+
+    @property
+    def compare_tokens(self) -> int: ...
+    @property
+    def min_identical(self) -> float: ...
+    @property
+    def max_slowdown(self) -> float: ...
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def max_accept_drop(self) -> float: ...
+    @property
+    def max_load_diff(self) -> float: ...
+
+
+def min_pairs(requests: int) -> int:
+    """The fewest requests answered on both sides that a comparison of ``requests`` decides on: half the workload,
+    and at least :data:`MIN_PAIRS`."""
+    return max(MIN_PAIRS, math.ceil(requests / 2))
+
+
+def load_differs(old: float, new: float, bound: float) -> bool:
+    """Whether two loads (running requests, the comparison's own included) differ beyond ``bound``: the busier
+    side's (1 + load) over the quieter side's is above 1 + bound. The 1 stands for the comparison's own request,
+    so that 0 against 0.4 running requests on an idle host is no difference, and 20 against 5 is."""
+    hi, lo = max(old, new), min(old, new)
+    return (1 + hi) / (1 + lo) > 1 + bound + 1e-12
+
+
+def divergence(old: Sequence[int], new: Sequence[int], tokens: int) -> int | None:
+    """The first token index (< ``tokens``) where two outputs differ, None when identical over the first
+    ``tokens``; an output that ends earlier than the other (EOS) diverges where it ends."""
+    a, b = old[:tokens], new[:tokens]
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# ------------------------------------------------------------------------------------------------ the parts
+
+
+@dataclass(frozen=True)
+class Answers:
+    outcome: Outcome
+    judged: int  # prompts answered on both sides
+    identical: int
+    compare_tokens: int
+    divergences: tuple[tuple[int, int], ...]  # (request index, first differing token) of each prompt that differs
+
+    @property
+    def first(self) -> int | None:
+        return min((t for _, t in self.divergences), default=None)
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(t for _, t in self.divergences) if self.divergences else None
+
+    def describe(self) -> str:
+        text = f"{self.identical}/{self.judged} answers identical"
+        if self.divergences:
+            text += f" (first {self.compare_tokens} tokens; the others diverge at token {self.first}"
+            text += "" if len(self.divergences) == 1 else f", median {self.median:g}"
+            text += ")"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outcome": str(self.outcome),
+            "judged": self.judged,
+            "identical": self.identical,
+            "compare_tokens": self.compare_tokens,
+            "divergences": [{"request": r, "token": t} for r, t in self.divergences],
+            "first_divergence": self.first,
+        }
+
+
+@dataclass(frozen=True)
+class Speed:
+    outcome: Outcome
+    ratio: float | None  # median old s/token / median new s/token: the new release's decode speed, old = 1
+    p: float | None
+    n_old: int
+    n_new: int
+    old_s_per_token: float | None  # medians
+    new_s_per_token: float | None
+    why: str = ""  # why it could not decide
+
+    def describe(self) -> str:
+        if self.ratio is None:
+            return f"decode: cannot decide ({self.why})"
+        text = f"decode {self.ratio:.2f}x" + (f" (p={_p(self.p)})" if self.p is not None else "")
+        return text + (f", cannot decide: {self.why}" if self.outcome is Outcome.UNDECIDED else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outcome": str(self.outcome),
+            "ratio": self.ratio,
+            "p": self.p,
+            "n_baseline": self.n_old,
+            "n_candidate": self.n_new,
+            "baseline_s_per_token": self.old_s_per_token,
+            "candidate_s_per_token": self.new_s_per_token,
+            "why": self.why or None,
+        }
+
+
+@dataclass(frozen=True)
+class Drafts:
+    outcome: Outcome
+    old_mean: float
+    new_mean: float
+    p: float | None
+    n: int
+    why: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        return self.new_mean / self.old_mean if self.old_mean > 0 else None
+
+    def describe(self) -> str:
+        text = f"accepted drafts {self.old_mean:.1f} -> {self.new_mean:.1f}"
+        if self.outcome is Outcome.FAIL and self.p is not None:
+            text += f" (p={_p(self.p)})"
+        return text + (f" (cannot decide: {self.why})" if self.outcome is Outcome.UNDECIDED else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outcome": str(self.outcome),
+            "baseline_mean": self.old_mean,
+            "candidate_mean": self.new_mean,
+            "p": self.p,
+            "n": self.n,
+            "why": self.why or None,
+        }
+
+
+@dataclass(frozen=True)
+class Load:
+    """Mean running requests around each side's requests; None where the server exposed none."""
+
+    old: float | None
+    new: float | None
+    bound: float
+
+    @property
+    def known(self) -> bool:
+        return self.old is not None and self.new is not None
+
+    @property
+    def differs(self) -> bool:
+        return self.old is not None and self.new is not None and load_differs(self.old, self.new, self.bound)
+
+    def describe(self) -> str:
+        if not self.known:
+            return "load unknown (the server exposes no sglang:num_running_reqs: enable --enable-metrics)"
+        return f"load {self.old:.3g} vs {self.new:.3g} running requests"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"baseline": self.old, "candidate": self.new, "max_load_diff": self.bound, "differs": self.differs}
+
+
+@dataclass(frozen=True)
+class Failures:
+    """Requests that did not answer, by side (indices into the workload)."""
+
+    new_failed: tuple[int, ...]  # the candidate failed where the baseline answered (4xx included)
+    new_client_errors: tuple[int, ...]  # of those, HTTP 4xx: the release broke the API
+    both_client_errors: tuple[int, ...]  # 4xx on both sides: configuration
+    old_failed: tuple[int, ...]  # the baseline did not answer: left out of the comparison
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "candidate_failed": list(self.new_failed),
+            "candidate_client_errors": list(self.new_client_errors),
+            "both_client_errors": list(self.both_client_errors),
+            "baseline_failed": list(self.old_failed),
+        }
+
+
+@dataclass(frozen=True)
+class Comparison:
+    outcome: Outcome
+    reasons: tuple[str, ...]  # why the outcome is not PASS, most severe first (empty on PASS)
+    baseline: str  # what the candidate was compared with: a release id, "its deploy", ...
+    requests: int  # the workload's requests on each side
+    pairs: int  # answered on both sides
+    failures: Failures
+    answers: Answers | None
+    speed: Speed
+    drafts: Drafts | None
+    load: Load
+    ttft_ratio: float | None  # median new TTFT / median old TTFT (below 1 is faster)
+    settings: dict[str, float | int]
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+    def line(self) -> str:
+        """``compared with rfb4d975 on 16 requests: 16/16 answers identical; decode 1.03x (p=0.41); accepted drafts
+        3.2 -> 3.3; TTFT 0.98x``."""
+        parts: list[str] = []
+        f = self.failures
+        if f.new_failed:
+            parts.append(f"{len(f.new_failed)} failed on the new release")
+        if f.both_client_errors:
+            parts.append(f"{len(f.both_client_errors)} refused (4xx) by both")
+        if f.old_failed:
+            parts.append(f"{len(f.old_failed)} unanswered by the baseline")
+        if self.answers is not None:
+            parts.append(self.answers.describe())
+        if self.pairs or self.speed.ratio is not None:
+            parts.append(self.speed.describe())
+        if self.drafts is not None:
+            parts.append(self.drafts.describe())
+        if self.ttft_ratio is not None:
+            parts.append(f"TTFT {self.ttft_ratio:.2f}x")
+        if not self.load.known and self.pairs:
+            parts.append("load unknown")
+        if self.outcome is Outcome.UNDECIDED and not self.pairs:
+            parts.append(f"cannot decide: {self.reason}")
+        return f"compared with {self.baseline} on {self.requests} requests: " + "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outcome": str(self.outcome),
+            "reasons": list(self.reasons),
+            "line": self.line(),
+            "baseline": self.baseline,
+            "requests": self.requests,
+            "pairs": self.pairs,
+            "failures": self.failures.to_json(),
+            "answers": self.answers.to_json() if self.answers is not None else None,
+            "speed": self.speed.to_json(),
+            "drafts": self.drafts.to_json() if self.drafts is not None else None,
+            "load": self.load.to_json(),
+            "ttft_ratio": self.ttft_ratio,
+            "settings": dict(self.settings),
+        }
+
+
+# ------------------------------------------------------------------------------------------------ the judge
+
+
+def _p(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
+
+
+def _status(r: CompareRequest) -> str:
+    if r.status is not None and r.status != 200:
+        return f"HTTP {r.status}" + (f": {r.error[:80]}" if r.error else "")
+    return r.error[:80] if r.error else "no answer"
+
+
+def _examples(requests: Sequence[CompareRequest], indices: Sequence[int]) -> str:
+    return "; ".join(dict.fromkeys(_status(requests[i]) for i in indices[:8]))
+
+
+def _mean_load(requests: Sequence[CompareRequest]) -> float | None:
+    loads = [r.load for r in requests if r.load is not None]
+    return statistics.fmean(loads) if loads else None
+
+
+def judge_speed(old: Sequence[float], new: Sequence[float], settings: Thresholds, load: Load | None = None) -> Speed:
+    """The decode-speed verdict over seconds per token (values below :data:`MIN_SECONDS` are not measurements and
+    are left out)."""
+    old = [v for v in old if v >= MIN_SECONDS]
+    new = [v for v in new if v >= MIN_SECONDS]
+    n_old, n_new = len(old), len(new)
+    if min(n_old, n_new) < MIN_PAIRS or smallest_p(n_old, n_new) >= settings.alpha:
+        return Speed(
+            Outcome.UNDECIDED, None, None, n_old, n_new, None, None, f"too few timed requests ({n_old} vs {n_new})"
+        )
+    old_median, new_median = statistics.median(old), statistics.median(new)
+    ratio = old_median / new_median
+    p = mann_whitney_greater(new, old).p
+    if load is not None and load.differs:
+        why = f"the load differed ({load.old:.3g} vs {load.new:.3g} running requests, bound {1 + load.bound:g}x)"
+        return Speed(Outcome.UNDECIDED, ratio, p, n_old, n_new, old_median, new_median, why)
+    slow = ratio < 1 - settings.max_slowdown and p < settings.alpha
+    return Speed(Outcome.FAIL if slow else Outcome.PASS, ratio, p, n_old, n_new, old_median, new_median)
+
+
+def judge_drafts(old: Sequence[float], new: Sequence[float], settings: Thresholds) -> Drafts:
+    """The accepted-drafts verdict over per-request ``spec_accept_length``."""
+    old_mean = statistics.fmean(old) if old else 0.0
+    new_mean = statistics.fmean(new) if new else 0.0
+    n = min(len(old), len(new))
+    if n < MIN_PAIRS or smallest_p(len(old), len(new)) >= settings.alpha:
+        return Drafts(Outcome.UNDECIDED, old_mean, new_mean, None, n, f"too few requests report it ({n})")
+    p = mann_whitney_greater(old, new).p
+    dropped = new_mean < old_mean * (1 - settings.max_accept_drop) and p < settings.alpha
+    return Drafts(Outcome.FAIL if dropped else Outcome.PASS, old_mean, new_mean, p, n)
+
+
+def _failures(old: Sequence[CompareRequest], new: Sequence[CompareRequest]) -> Failures:
+    new_failed, new_4xx, both_4xx, old_failed = [], [], [], []
+    for i, (a, b) in enumerate(zip(old, new, strict=True)):
+        if a.client_error and b.client_error:
+            both_4xx.append(i)
+        elif not a.ok:
+            old_failed.append(i)
+        elif not b.ok:
+            new_failed.append(i)
+            if b.client_error:
+                new_4xx.append(i)
+    return Failures(tuple(new_failed), tuple(new_4xx), tuple(both_4xx), tuple(old_failed))
+
+
+def _answers(pairs: Sequence[tuple[int, CompareRequest, CompareRequest]], settings: Thresholds) -> Answers:
+    tokens = settings.compare_tokens
+    diverged = []
+    for i, a, b in pairs:
+        at = divergence(a.output_ids, b.output_ids, tokens)
+        if at is not None:
+            diverged.append((i, at))
+    identical = len(pairs) - len(diverged)
+    ok = identical >= settings.min_identical * len(pairs) - 1e-9
+    return Answers(Outcome.PASS if ok else Outcome.FAIL, len(pairs), identical, tokens, tuple(diverged))
+
+
+def _settings_doc(settings: Thresholds) -> dict[str, float | int]:
+    names = ("compare_tokens", "min_identical", "max_slowdown", "alpha", "max_accept_drop", "max_load_diff")
+    return {name: getattr(settings, name) for name in names}
+
+
+def compare(
+    old: ComparisonSample, new: ComparisonSample, settings: Thresholds, *, baseline: str = "the baseline"
+) -> Comparison:
+    """Judge the candidate ``new`` against the baseline ``old`` (the same workload, request for request).
+    ``baseline`` names the baseline in the reasons (a release id, or "its deploy" for the drift check)."""
+    load = Load(_mean_load(old.requests), _mean_load(new.requests), settings.max_load_diff)
+    n = max(len(old.requests), len(new.requests))
+    doc = _settings_doc(settings)
+    if len(old.requests) != len(new.requests):
+        why = f"not the same workload: {len(old.requests)} requests against {len(new.requests)}"
+        return _undecided(why, baseline, n, load, doc)
+    if not old.requests:
+        return _undecided("the samples hold no request", baseline, 0, load, doc)
+    failures = _failures(old.requests, new.requests)
+    pairs = [(i, a, b) for i, (a, b) in enumerate(zip(old.requests, new.requests, strict=True)) if a.ok and b.ok]
+    timed = [(a.decode_s_per_token, b.decode_s_per_token) for _, a, b in pairs]
+    speed = judge_speed(
+        [a for a, b in timed if a is not None and b is not None],
+        [b for a, b in timed if a is not None and b is not None],
+        settings,
+        load,
+    )
+    reported = [(a.spec_accept_length, b.spec_accept_length) for _, a, b in pairs]
+    reported = [(a, b) for a, b in reported if a is not None and b is not None]
+    drafts = judge_drafts([a for a, _ in reported], [b for _, b in reported], settings) if reported else None
+    ttfts = [
+        (a.ttft_s, b.ttft_s)
+        for _, a, b in pairs
+        if a.ttft_s is not None and b.ttft_s is not None and min(a.ttft_s, b.ttft_s) >= MIN_SECONDS
+    ]
+    ttft_ratio = statistics.median(b for _, b in ttfts) / statistics.median(a for a, _ in ttfts) if ttfts else None
+    answers = _answers(pairs, settings) if pairs else None
+    enough = len(pairs) >= min_pairs(n)
+
+    found: list[tuple[Outcome, str]] = []
+    if failures.new_client_errors:
+        k = len(failures.new_client_errors)
+        found.append(
+            (
+                Outcome.FAIL,
+                f"the new release refused {k} of {n} requests that {baseline} answered "
+                f"({_examples(new.requests, failures.new_client_errors)}): it broke the API",
+            )
+        )
+    other = [i for i in failures.new_failed if i not in failures.new_client_errors]
+    if other:
+        found.append(
+            (Outcome.FAIL, f"{len(other)} of {n} requests failed on the new release ({_examples(new.requests, other)})")
+        )
+    if failures.both_client_errors:
+        k = len(failures.both_client_errors)
+        found.append(
+            (
+                Outcome.ERROR,
+                f"{k} of {n} requests refused by both releases ({_examples(new.requests, failures.both_client_errors)}):"
+                " the workload does not fit this server (gate.compare)",
+            )
+        )
+    if not enough:
+        found.append(
+            (
+                Outcome.UNDECIDED,
+                f"too few requests answered on both sides to decide ({len(pairs)} of {n}; need {min_pairs(n)})",
+            )
+        )
+    else:
+        if answers is not None and answers.outcome is Outcome.FAIL:
+            found.append(
+                (
+                    Outcome.FAIL,
+                    f"answers: {answers.identical}/{answers.judged} identical over the first {answers.compare_tokens} "
+                    f"tokens (need {settings.min_identical:.0%}); the others diverge from token {answers.first}",
+                )
+            )
+        if speed.outcome is Outcome.FAIL and speed.ratio is not None:
+            found.append(
+                (
+                    Outcome.FAIL,
+                    f"decode {speed.ratio:.2f}x of {baseline} (p={_p(speed.p)}, {speed.n_old} vs {speed.n_new} "
+                    f"requests; fails below {1 - settings.max_slowdown:.2f}x at p < {settings.alpha:g})",
+                )
+            )
+        elif speed.outcome is Outcome.UNDECIDED:
+            found.append((Outcome.UNDECIDED, f"decode speed: cannot decide: {speed.why}"))
+        if drafts is not None and drafts.outcome is Outcome.FAIL:
+            found.append(
+                (
+                    Outcome.FAIL,
+                    f"accepted drafts {drafts.old_mean:.2f} -> {drafts.new_mean:.2f} of {baseline} "
+                    f"(-{1 - drafts.new_mean / drafts.old_mean:.0%}, p={_p(drafts.p)}; fails beyond "
+                    f"-{settings.max_accept_drop:.0%})",
+                )
+            )
+    outcome = max((o for o, _ in found), key=lambda o: o.rank, default=Outcome.PASS)
+    reasons = tuple(text for o, text in sorted(found, key=lambda f: -f[0].rank))
+    return Comparison(
+        outcome=outcome,
+        reasons=reasons,
+        baseline=baseline,
+        requests=n,
+        pairs=len(pairs),
+        failures=failures,
+        answers=answers,
+        speed=speed,
+        drafts=drafts,
+        load=load,
+        ttft_ratio=ttft_ratio,
+        settings=doc,
+    )
+
+
+def _undecided(why: str, baseline: str, n: int, load: Load, doc: dict[str, float | int]) -> Comparison:
+    return Comparison(
+        outcome=Outcome.UNDECIDED,
+        reasons=(why,),
+        baseline=baseline,
+        requests=n,
+        pairs=0,
+        failures=Failures((), (), (), ()),
+        answers=None,
+        speed=Speed(Outcome.UNDECIDED, None, None, 0, 0, None, None, why),
+        drafts=None,
+        load=load,
+        ttft_ratio=None,
+        settings=doc,
+    )

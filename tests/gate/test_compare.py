@@ -1,0 +1,227 @@
+"""The comparison's judge (opsctl/gate/compare.py): each rule of docs/gate.md "The comparison" on built samples,
+and a property: any two valid samples are judged without an error into JSON that carries no NaN or infinity."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from opsctl.gate.compare import Outcome, compare, divergence, load_differs, min_pairs
+from opsctl.gate.sample import CompareRequest, ComparisonSample
+from opsctl.inventory import CompareSettings
+
+DEFAULTS = CompareSettings()
+BASE_S = [0.020 + 0.0004 * i for i in range(16)]  # seconds per token, spread like a real sample's
+
+
+def output(i: int, n: int = 32) -> tuple[int, ...]:
+    return tuple((i * 7 + t * 3) % 1000 for t in range(n))
+
+
+def side(
+    n: int = 16,
+    *,
+    scale: float = 1.0,
+    accept: float | None = 3.2,
+    load: float | None = 1.0,
+    outputs: list[tuple[int, ...]] | None = None,
+) -> ComparisonSample:
+    reqs = [
+        CompareRequest(
+            output_ids=outputs[i] if outputs is not None else output(i),
+            decode_s_per_token=BASE_S[i % len(BASE_S)] * scale,
+            ttft_s=0.1,
+            spec_accept_length=None if accept is None else accept + 0.05 * (i % 4),
+            spec_verify_ct=10,
+            completion_tokens=32,
+            load=load,
+        )
+        for i in range(n)
+    ]
+    return ComparisonSample(tuple(reqs), "metrics" if load is not None else None)
+
+
+def with_requests(sample: ComparisonSample, changes: dict[int, dict[str, object]]) -> ComparisonSample:
+    reqs = list(sample.requests)
+    for i, change in changes.items():
+        reqs[i] = replace(reqs[i], **change)  # type: ignore[arg-type]
+    return ComparisonSample(tuple(reqs), sample.load_source)
+
+
+def test_same_release_passes_with_the_documented_line() -> None:
+    c = compare(side(), side(), DEFAULTS, baseline="rfb4d975")
+    assert c.outcome is Outcome.PASS and c.reasons == ()
+    assert c.line() == (
+        "compared with rfb4d975 on 16 requests: 16/16 answers identical; decode 1.00x (p=0.51); "
+        "accepted drafts 3.3 -> 3.3; TTFT 1.00x"
+    )
+
+
+def test_a_slower_release_fails_naming_the_figure() -> None:
+    c = compare(side(), side(scale=1.5), DEFAULTS, baseline="rfb4d975")
+    assert c.outcome is Outcome.FAIL
+    assert c.speed.ratio is not None and abs(c.speed.ratio - 1 / 1.5) < 1e-9
+    assert c.reasons[0].startswith("decode 0.67x of rfb4d975 (p=")
+    assert "16 vs 16 requests" in c.reasons[0]
+    assert c.answers is not None and c.answers.outcome is Outcome.PASS  # answers are judged apart
+
+
+def test_slower_needs_both_the_ratio_and_the_significance() -> None:
+    # 5% slower, every request, with little spread: significant (p tiny) but within max_slowdown 10%: PASS.
+    tight = side()
+    tight = ComparisonSample(
+        tuple(replace(r, decode_s_per_token=0.020 + 1e-5 * i) for i, r in enumerate(tight.requests)), "metrics"
+    )
+    slower = ComparisonSample(tuple(replace(r, decode_s_per_token=r.decode_s_per_token * 1.05) for r in tight.requests))
+    c = compare(tight, slower, DEFAULTS)
+    assert c.speed.p is not None and c.speed.p < DEFAULTS.alpha
+    assert c.outcome is Outcome.PASS
+    # 30% slower on the medians but the two samples overlap (p >= alpha): PASS, the figure still shown.
+    old = side()
+    new_times = [BASE_S[i] * (1.6 if i % 2 else 0.9) for i in range(16)]
+    new = ComparisonSample(
+        tuple(replace(r, decode_s_per_token=t) for r, t in zip(old.requests, new_times, strict=True)), "metrics"
+    )
+    c = compare(old, new, DEFAULTS)
+    assert c.speed.ratio is not None and c.speed.ratio < 1 - DEFAULTS.max_slowdown
+    assert c.speed.p is not None and c.speed.p >= DEFAULTS.alpha
+    assert c.speed.outcome is Outcome.PASS and c.outcome is Outcome.PASS
+
+
+def test_a_faster_release_passes() -> None:
+    c = compare(side(), side(scale=0.5), DEFAULTS)
+    assert c.outcome is Outcome.PASS and c.speed.ratio is not None and c.speed.ratio > 1.9
+
+
+def test_answers_fail_below_min_identical_and_report_where_they_diverge() -> None:
+    changed = [(*output(i)[:5], 999, *output(i)[6:]) if i < 9 else output(i) for i in range(16)]
+    c = compare(side(), side(outputs=changed), DEFAULTS, baseline="r1")
+    assert c.outcome is Outcome.FAIL
+    assert c.answers is not None and (c.answers.identical, c.answers.judged, c.answers.first) == (7, 16, 5)
+    assert "answers: 7/16 identical over the first 32 tokens (need 50%)" in c.reason
+    assert "7/16 answers identical" in c.line()
+    changed_half = [(*output(i)[:30], 999, 999) if i < 8 else output(i) for i in range(16)]
+    c = compare(side(), side(outputs=changed_half), DEFAULTS)
+    assert c.outcome is Outcome.PASS and c.answers is not None and c.answers.identical == 8
+    assert "8/16 answers identical (first 32 tokens; the others diverge at token 30, median 30)" in c.line()
+
+
+def test_divergence_counts_only_the_compared_tokens_and_an_early_end() -> None:
+    assert divergence([1, 2, 3, 4], [1, 2, 3, 9], 3) is None
+    assert divergence([1, 2, 3, 4], [1, 2, 3, 9], 4) == 3
+    assert divergence([1, 2], [1, 2, 3], 8) == 2  # one side ended (EOS) where the other went on
+    assert divergence([1, 2], [1, 2], 8) is None
+    assert divergence([], [5], 8) == 0
+
+
+def test_load_beyond_the_bound_makes_speed_undecided_but_answers_are_still_judged() -> None:
+    busy = side(scale=1.5, load=12.0)
+    c = compare(side(load=0.0), busy, DEFAULTS)
+    assert c.speed.outcome is Outcome.UNDECIDED and "the load differed (0 vs 12 running requests" in c.speed.why
+    assert c.outcome is Outcome.UNDECIDED
+    wrong = [(999,) * 32 for _ in range(16)]
+    c = compare(side(load=0.0), side(scale=1.5, load=12.0, outputs=wrong), DEFAULTS)
+    assert c.outcome is Outcome.FAIL and c.reasons[0].startswith("answers: 0/16 identical")
+
+
+def test_load_bound() -> None:
+    assert not load_differs(0.0, 0.4, 0.5)  # an idle host: (1.4 / 1) <= 1.5
+    assert load_differs(0.0, 1.0, 0.5)  # one more running request on an idle host: 2x
+    assert not load_differs(20.0, 18.0, 0.5)
+    assert load_differs(20.0, 5.0, 0.5)
+
+
+def test_no_load_exposed_judges_speed_and_says_so() -> None:
+    c = compare(side(load=None), side(load=None, scale=1.5), DEFAULTS, baseline="r1")
+    assert c.outcome is Outcome.FAIL and c.reasons[0].startswith("decode 0.67x of r1")
+    assert "load unknown" in c.line()
+    c = compare(side(load=None), side(load=20.0, scale=1.5), DEFAULTS)  # one side unknown: not comparable
+    assert c.speed.outcome is Outcome.FAIL
+
+
+def test_fewer_accepted_drafts_fail_with_the_same_test() -> None:
+    c = compare(side(accept=3.2), side(accept=2.5), DEFAULTS, baseline="r1")
+    assert c.outcome is Outcome.FAIL
+    assert c.drafts is not None and c.drafts.outcome is Outcome.FAIL
+    assert "accepted drafts 3.28 -> 2.58 of r1 (-21%, p=" in c.reason
+    c = compare(side(accept=3.2), side(accept=3.0), DEFAULTS)  # -6%: within max_accept_drop
+    assert c.outcome is Outcome.PASS and "accepted drafts 3.3 -> 3.1" in c.line()
+
+
+def test_accepted_drafts_only_when_both_sides_report_them() -> None:
+    c = compare(side(accept=None), side(accept=None), DEFAULTS)
+    assert c.drafts is None and "accepted drafts" not in c.line() and c.outcome is Outcome.PASS
+    c = compare(side(accept=3.2), side(accept=None), DEFAULTS)
+    assert c.drafts is None and c.outcome is Outcome.PASS
+
+
+def test_4xx_on_the_new_release_where_the_old_answered_fails() -> None:
+    new = with_requests(side(), {3: {"status": 400, "error": "bad request", "output_ids": ()}})
+    c = compare(side(), new, DEFAULTS, baseline="r1")
+    assert c.outcome is Outcome.FAIL
+    assert c.reasons[0] == "the new release refused 1 of 16 requests that r1 answered (HTTP 400: bad request): it broke the API"
+    assert c.failures.new_client_errors == (3,)
+
+
+def test_4xx_on_both_sides_is_an_error_not_a_verdict() -> None:
+    refused = {i: {"status": 422, "error": "prompt too long", "output_ids": ()} for i in (0, 1)}
+    c = compare(with_requests(side(), refused), with_requests(side(), refused), DEFAULTS)
+    assert c.outcome is Outcome.ERROR
+    assert "2 of 16 requests refused by both releases (HTTP 422: prompt too long)" in c.reason
+    assert c.answers is not None and c.answers.judged == 14
+
+
+def test_a_request_failing_on_the_new_release_fails() -> None:
+    new = with_requests(side(), {0: {"status": 500, "error": "internal", "output_ids": ()}, 5: {"error": "timeout"}})
+    c = compare(side(), new, DEFAULTS)
+    assert c.outcome is Outcome.FAIL and c.reasons[0].startswith("2 of 16 requests failed on the new release")
+    assert "2 failed on the new release" in c.line()
+
+
+def test_too_few_answered_requests_cannot_decide() -> None:
+    down = {i: {"status": 503, "error": "overloaded", "output_ids": ()} for i in range(9)}
+    c = compare(with_requests(side(), down), side(scale=3.0), DEFAULTS)
+    assert c.outcome is Outcome.UNDECIDED
+    assert c.reasons == ("too few requests answered on both sides to decide (7 of 16; need 8)",)
+    assert min_pairs(16) == 8 and min_pairs(4) == 5
+
+
+def test_different_workloads_cannot_decide() -> None:
+    c = compare(side(16), side(12), DEFAULTS)
+    assert c.outcome is Outcome.UNDECIDED and "not the same workload: 16 requests against 12" in c.reason
+
+
+def test_the_json_form_carries_every_figure() -> None:
+    c = compare(side(), side(scale=1.5), DEFAULTS, baseline="r1")
+    doc = json.loads(json.dumps(c.to_json(), allow_nan=False))
+    assert doc["outcome"] == "FAIL" and doc["baseline"] == "r1" and doc["line"] == c.line()
+    assert doc["speed"]["n_baseline"] == doc["speed"]["n_candidate"] == 16
+    assert doc["answers"]["identical"] == 16 and doc["settings"]["alpha"] == DEFAULTS.alpha
+
+
+_seconds = st.one_of(st.none(), st.floats(0, 1e6, allow_nan=False), st.sampled_from([0.0, 5e-324, 1e-9, 1e6]))
+_request = st.builds(
+    CompareRequest,
+    output_ids=st.lists(st.integers(0, 50), max_size=40).map(tuple),
+    decode_s_per_token=_seconds,
+    ttft_s=_seconds,
+    spec_accept_length=st.one_of(st.none(), st.floats(0, 1e6, allow_nan=False)),
+    load=st.one_of(st.none(), st.floats(0, 1e9, allow_nan=False)),
+    status=st.one_of(st.none(), st.sampled_from([200, 400, 404, 408, 429, 500])),
+    error=st.one_of(st.none(), st.text(max_size=20)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_request, _request), max_size=24))
+def test_any_two_samples_are_judged_into_finite_json(pairs: list[tuple[CompareRequest, CompareRequest]]) -> None:
+    old = ComparisonSample(tuple(a for a, _ in pairs))
+    new = ComparisonSample(tuple(b for _, b in pairs))
+    c = compare(old, new, DEFAULTS)
+    assert c.outcome in set(Outcome)
+    assert (c.outcome is Outcome.PASS) == (c.reasons == ())
+    json.dumps(c.to_json(), allow_nan=False)
+    assert c.line().startswith(f"compared with the baseline on {len(pairs)} requests: ")
