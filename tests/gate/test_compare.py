@@ -162,7 +162,10 @@ def test_4xx_on_the_new_release_where_the_old_answered_fails() -> None:
     new = with_requests(side(), {3: {"status": 400, "error": "bad request", "output_ids": ()}})
     c = compare(side(), new, DEFAULTS, baseline="r1")
     assert c.outcome is Outcome.FAIL
-    assert c.reasons[0] == "the new release refused 1 of 16 requests that r1 answered (HTTP 400: bad request): it broke the API"
+    assert (
+        c.reasons[0]
+        == "the new release refused 1 of 16 requests that r1 answered (HTTP 400: bad request): it broke the API"
+    )
     assert c.failures.new_client_errors == (3,)
 
 

@@ -28,7 +28,9 @@ def draw(rng: np.random.Generator, k: int, cv: np.ndarray | float, slowdown: flo
 
 
 def fail_rate(old: np.ndarray, new: np.ndarray) -> float:
-    fails = sum(judge_speed(a.tolist(), b.tolist(), DEFAULTS).outcome is Outcome.FAIL for a, b in zip(old, new, strict=False))
+    fails = sum(
+        judge_speed(a.tolist(), b.tolist(), DEFAULTS).outcome is Outcome.FAIL for a, b in zip(old, new, strict=True)
+    )
     return fails / len(old)
 
 
