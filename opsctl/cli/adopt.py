@@ -6,8 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .. import pipeline
-from . import common, progress
+from . import common
 
 
 def adopt_command(
@@ -16,6 +15,9 @@ def adopt_command(
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Record an existing hand-made install (files + unit) as release zero, without restarting anything."""
+    from .. import pipeline
+    from . import progress
+
     h = common.host_of(host, inventory_path, "adopt")
     host = h.name
     with progress.reporter(host, as_json) as rep:

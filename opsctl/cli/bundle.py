@@ -5,13 +5,15 @@ anywhere. Exit 0; 30, as a deploy of it would, when the tree is not a kdtree-eng
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from ..release import Manifest, default_tree, make_manifest
 from . import common
+
+if TYPE_CHECKING:
+    from ..release import Manifest
 
 
 def _kib(size: int) -> str:
@@ -51,6 +53,8 @@ def bundle(
 ) -> None:
     """The release id a deploy of the working tree would ship (with --list, its files), without connecting
     anywhere. Benchmarks, tests and docs are not part of it (docs/release-layout.md)."""
+    from ..release import default_tree, make_manifest
+
     tree = (src or default_tree()).resolve()
     manifest = make_manifest(tree)
     if as_json:

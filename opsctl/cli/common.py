@@ -32,18 +32,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
 from ..errors import InventoryError, OpsError, UsageError
-from ..gate.decision import json_float
-from ..inventory import ENV_VAR, HostConfig, Inventory
-from ..inventory import default_path as inventory_path
-from ..inventory import load as load_inventory
+from .completion import complete_target
+
+if TYPE_CHECKING:
+    from ..inventory import HostConfig, Inventory
+
+# The inventory's environment variable (opsctl.inventory.loader.ENV_VAR; tests/cli/test_startup.py pins that they
+# agree): named here so that --help does not import the inventory's models.
+ENV_VAR = "OPSCTL_INVENTORY"
 
 # Piped output (logs, CI) is not cut to 80 columns; a terminal keeps its own width.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
@@ -59,11 +62,19 @@ InventoryOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 TargetArg = Annotated[
     str | None,
-    typer.Argument(help="Host or group (default: the inventory's `default`, else its only host).", show_default=False),
+    typer.Argument(
+        help="Host or group (default: the inventory's `default`, else its only host).",
+        show_default=False,
+        autocompletion=complete_target,
+    ),
 ]
 HostArg = Annotated[
     str | None,
-    typer.Argument(help="Host (default: the inventory's `default`, else its only host).", show_default=False),
+    typer.Argument(
+        help="Host (default: the inventory's `default`, else its only host).",
+        show_default=False,
+        autocompletion=complete_target,
+    ),
 ]
 AcceptNewHostKeyOption = Annotated[
     bool,
@@ -111,6 +122,9 @@ options = GlobalOptions()
 def inventory(path: Path | str | None = None, *, accept_new_host_key: bool = False) -> Inventory:
     """Load the inventory: an explicit path, else the global --inventory, else $OPSCTL_INVENTORY, else
     ./inventory.yaml. With --accept-new-host-key (here or global), every host's policy becomes accept-new."""
+    from ..inventory import default_path as inventory_path
+    from ..inventory import load as load_inventory
+
     chosen = inventory_path(path or options.inventory)
     if not chosen.exists():
         down = _testbed_down_message(chosen)
@@ -193,6 +207,10 @@ def host_and_action(
 def to_jsonable(obj: Any) -> Any:
     """``obj`` as JSON can carry it: models and dataclasses as objects, paths as text, NaN and the infinities by
     name (``json_float``, the one place opsctl turns them)."""
+    from pydantic import BaseModel
+
+    from ..gate.decision import json_float
+
     if isinstance(obj, float):
         return json_float(obj)
     if isinstance(obj, BaseModel):

@@ -4,17 +4,15 @@ back by itself on failure. Exit 0 only on PASS (also up to date, planned, staged
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .. import pipeline
 from ..errors import EXIT_NOT_CONFIRMED, DeployFailed, UsageError
-from ..fleet import rollout as fleet
-from ..inventory import HostConfig
-from ..release import default_tree
-from . import common, progress
-from .rollout import run_fleet
+from . import common
+
+if TYPE_CHECKING:
+    from ..inventory import HostConfig
 
 console = common.out
 
@@ -71,6 +69,12 @@ def deploy_command(
 ) -> None:
     """Deploy the working tree to HOST (or a GROUP, canary first then batches): upload, build, parity, switch,
     restart, gate; each host rolls itself back on failure. The plan is printed when there is work to do."""
+    from .. import pipeline
+    from ..fleet import rollout as fleet
+    from ..release import default_tree
+    from . import progress
+    from .rollout import run_fleet
+
     tree = (src or default_tree()).resolve()
     inv = common.inventory(inventory_path)
     host = common.pick_target(inv, host, "deploy")

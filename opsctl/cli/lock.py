@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..errors import EXIT_LOCK_HELD, UsageError
-from ..host import releaseroot, views
-from ..lock import hostlock
 from . import common
+
+if TYPE_CHECKING:
+    from ..host import releaseroot
 
 console = common.out
 
@@ -34,6 +35,9 @@ def lock_command(
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Show who holds the deploy lock of HOST, or break it (`release --force`, only when its owner is gone)."""
+    from ..host import views
+    from ..lock import hostlock
+
     h, action = common.host_and_action(host, action, ("status", "release"), inventory_path, "lock")
     host = h.name
     action = action or "status"

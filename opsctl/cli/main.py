@@ -1,39 +1,123 @@
-"""opsctl: the command line. Thin over the library; every expected failure is one red line and an exit code."""
+"""opsctl: the command line. Thin over the library; every expected failure is one red line and an exit code.
+
+It starts at once: a command module imports what it needs inside its commands, and the modules that still cost
+an import (the inventory's models, the capture, health and testbed machinery) are registered by name here
+(``LAZY``) and imported when one of their commands runs (or its help or completion is asked for). ``opsctl
+--help`` and the commands that connect nowhere never load the SSH stack (tests/cli/test_startup.py)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer._click.core import Command, Context, Parameter  # Typer's own copy of Click's classes
+from typer.core import TyperCommand, TyperGroup
 
-from .. import __version__
 from ..errors import EXIT_INTERRUPTED, EXIT_NOT_CONFIRMED, OpsError
-from . import (
-    adopt,
-    bundle,
-    capture,
-    common,
-    deploy,
-    health,
-    hosts,
-    lock,
-    logs,
-    parity,
-    releases,
-    restart,
-    service,
-    status,
-    testbed,
-)
+from . import adopt, bundle, common, deploy, hosts, lock, releases, restart, service, status
+
+# Commands imported when used: name -> (module of opsctl.cli, its Typer, whether that Typer is the command's group of
+# subcommands, the first paragraph of its help as `opsctl --help` shows it; tests/cli/test_startup.py pins it to the
+# command's own help).
+LAZY: dict[str, tuple[str, str, bool, str]] = {
+    "logs": ("logs", "app", False, "The unit's journal; parity lines as a coloured table, shapes lines decoded."),
+    "health": (
+        "health",
+        "app",
+        False,
+        "Check hosts: unit, HTTP, GPU, drift, parity, disk, lock; with --probe the verify path end to end. Exit 0 OK,\n"
+        "1 WARN, 2 CRIT, 3 the check failed.",
+    ),
+    "schedule": ("health", "schedule_app", True, "Scheduled health checks (systemd timer on this machine)."),
+    "parity": (
+        "parity",
+        "app",
+        True,
+        "Parity lines outside a deploy: check a journal offline, replay stored captures.",
+    ),
+    "capture": (
+        "capture",
+        "app",
+        False,
+        "Arm a capture of the next verify calls on HOST, wait until every TP rank has stored them, report.",
+    ),
+    "captures": (
+        "capture",
+        "app",
+        False,
+        "List the captures stored on HOST (age, release, size) and its capture request, armed or left behind; with\n"
+        "--prune remove old ones (and an expired request), with --disarm the request.",
+    ),
+    "testbed": ("testbed", "app", True, "Local test hosts: Debian booted with systemd-nspawn, sshd on 127.0.0.1."),
+    "compare": (
+        "compare",
+        "app",
+        False,
+        "Judge a candidate's comparison sample against a baseline's, as a deploy would; exit 0 pass, 31 fail,\n"
+        "32 cannot decide.",
+    ),
+}
+
+
+def load_command(name: str) -> Command:
+    """The real command of a ``LAZY`` name, as Typer builds it under the root app."""
+    module, attribute, is_group, _help = LAZY[name]
+    holder = typer.Typer(add_completion=False)  # completion options belong to the root only
+    holder.add_typer(
+        getattr(importlib.import_module(f"{__package__}.{module}"), attribute), **({"name": name} if is_group else {})
+    )
+    group = typer.main.get_command(holder)
+    assert isinstance(group, TyperGroup)
+    return group.commands[name]
+
+
+class LazyCommand(TyperCommand):
+    """A command whose module is imported when it is used; until then only its name and its help's first
+    paragraph (what `opsctl --help` lists)."""
+
+    def __init__(self, name: str, short_help: str) -> None:
+        super().__init__(name, help=short_help)
+        self._real: Command | None = None
+
+    def real(self) -> Command:
+        if self._real is None:
+            self._real = load_command(str(self.name))
+        return self._real
+
+    def make_context(  # type: ignore[override]
+        self, info_name: str | None, args: list[str], parent: Context | None = None, **extra: Any
+    ) -> Context:
+        return self.real().make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx: Context) -> Any:
+        return self.real().invoke(ctx)
+
+    def get_params(self, ctx: Context) -> list[Parameter]:
+        return self.real().get_params(ctx)
+
+
+class OpsctlGroup(TyperGroup):
+    """The root group: the commands Typer registered, and the ``LAZY`` ones."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, (_module, _attribute, _group, short_help) in LAZY.items():
+            self.add_command(LazyCommand(name, short_help), name)
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        return list(self.commands)  # in the order added (Typer's own first), as before
+
 
 app = typer.Typer(
     name="opsctl",
     help="Ship the kdtree kernel + SGLang backend to GPU hosts: deploy, gate, rollback. Also the local testbed.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    cls=OpsctlGroup,
 )
 # One module a group of commands, each with its own Typer app; unnamed ones add their commands at the top level.
 app.add_typer(hosts.app)
@@ -43,14 +127,8 @@ app.add_typer(adopt.app)
 app.add_typer(service.app)
 app.add_typer(releases.app)
 app.add_typer(status.app)
-app.add_typer(logs.app)
 app.add_typer(lock.app)
-app.add_typer(health.app)
-app.add_typer(health.schedule_app, name="schedule")
-app.add_typer(parity.app, name="parity")
-app.add_typer(capture.app)
 app.add_typer(bundle.app)
-app.add_typer(testbed.app, name="testbed")
 
 
 def _set_debug(value: bool) -> None:
@@ -61,6 +139,8 @@ def _set_debug(value: bool) -> None:
 
 def _version(value: bool) -> None:
     if value:
+        from .. import __version__
+
         common.out.print(f"opsctl {__version__}")
         raise typer.Exit()
 

@@ -6,11 +6,8 @@ from typing import Annotated
 
 import typer
 
-from .. import pipeline
 from ..errors import EXIT_NOT_CONFIRMED, UsageError
-from ..fleet import rollout as fleet
-from . import common, progress
-from .rollout import run_fleet
+from . import common
 
 console = common.out
 
@@ -41,6 +38,9 @@ def restart_command(
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Restart the current release and gate it (e.g. after a driver update). Exit 0 on a PASS, 31 otherwise."""
+    from .. import pipeline
+    from . import progress
+
     h = common.host_of(host, inventory_path, "restart")
     host = h.name
     confirm_restart(yes, f"Restart {h.unit} on {host} (the model loads again) and gate it?")
@@ -71,6 +71,11 @@ def rollback_command(
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Switch HOST (or every host of a GROUP) back to an earlier release, restart and gate it."""
+    from .. import pipeline
+    from ..fleet import rollout as fleet
+    from . import progress
+    from .rollout import run_fleet
+
     inv = common.inventory(inventory_path)
     host = common.pick_target(inv, host, "rollback")
     if host not in inv.hosts:

@@ -4,13 +4,15 @@ per-host table (the CLI side of opsctl/fleet/rollout.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import typer
 
 from ..errors import EXIT_NOT_CONFIRMED, GateFailed
-from ..fleet import rollout as fleet
 from . import common
-from . import render as cli_render
+
+if TYPE_CHECKING:
+    from ..fleet import rollout as fleet
 
 console = common.out
 
@@ -26,8 +28,11 @@ def run_fleet(
     as_json: bool,
 ) -> None:
     """A group target: show the plan, ask, run it through opsctl.fleet.rollout, print the per-host table."""
+    from ..fleet import rollout as fleet
+    from . import render as cli_render
+
     if not as_json:
-        console.print(f"{what} {target}: {plan.describe()}", highlight=False)
+        console.print(f"{what} {target}: {plan.describe()}", highlight=False, soft_wrap=True)
     if dry_run:
         if as_json:
             common.emit_json(
@@ -39,7 +44,7 @@ def run_fleet(
 
     def emit(msg: str) -> None:
         if not as_json:
-            console.print(msg, highlight=False, markup=False)
+            console.print(msg, highlight=False, markup=False, soft_wrap=True)
 
     report = fleet.run_rollout(plan, make_action(emit), parallel=parallel, progress=emit)
     if as_json:

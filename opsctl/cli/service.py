@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from ..errors import EXIT_UNIT_INACTIVE
-from ..host import views
 from . import common
 
 console = common.out
@@ -19,6 +18,8 @@ def service_command(
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Start, stop or show the service unit (no gate: use `restart` for a gated restart)."""
+    from ..host import views
+
     h, action = common.host_and_action(host, action, views.SERVICE_ACTIONS, inventory_path, "service")
     host = h.name
     unit = h.unit + ".service"

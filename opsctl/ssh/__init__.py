@@ -12,10 +12,45 @@
     from opsctl.ssh import connect
 """
 
-from .client import CommandResult, SshSession, connect
-from .endpoint import SSH_CONFIG_ENV, Endpoint, Jump, known_hosts_name, resolve_endpoint, ssh_config_path
-from .hostkeys import fingerprint
-from .transfer import RsyncStats, openssh_command, parse_rsync_stats, rsync_argv
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The names below are imported on first use (PEP 562): code that only needs the pure modules (``remote``, ``wrap``,
+# ``transfer``), the gate's parsers and every command that connects nowhere, never loads Paramiko (``opsctl --help``
+# starts at once; tests/cli/test_startup.py pins it).
+_HOME = {
+    "CommandResult": "client",
+    "SshSession": "client",
+    "connect": "client",
+    "SSH_CONFIG_ENV": "endpoint",
+    "Endpoint": "endpoint",
+    "Jump": "endpoint",
+    "known_hosts_name": "endpoint",
+    "resolve_endpoint": "endpoint",
+    "ssh_config_path": "endpoint",
+    "fingerprint": "hostkeys",
+    "RsyncStats": "transfer",
+    "openssh_command": "transfer",
+    "parse_rsync_stats": "transfer",
+    "rsync_argv": "transfer",
+}
+
+if TYPE_CHECKING:
+    from .client import CommandResult, SshSession, connect
+    from .endpoint import SSH_CONFIG_ENV, Endpoint, Jump, known_hosts_name, resolve_endpoint, ssh_config_path
+    from .hostkeys import fingerprint
+    from .transfer import RsyncStats, openssh_command, parse_rsync_stats, rsync_argv
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "SSH_CONFIG_ENV",
