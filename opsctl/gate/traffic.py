@@ -1,9 +1,12 @@
-"""The gate's verify traffic from the operator's side: what to ask the host-side program (opsctl/host/traffic.py)
-to do, the one command that runs it through an SSH session, and its answers as data.
+"""The gate's verify traffic from the operator's side: what to ask the host-side program
+(opsctl/gate/traffic_on_host.py) to do, the one command that runs it through an SSH session, and its answers as
+data.
 
-The program's text goes to the host on stdin (``python3 - CONFIG_JSON``); CONFIG_JSON is built here from the
-inventory and holds no secret (the API key is read on the host from ``service.environment_file``). The parsing
-and the plan's wording are pure; ``ProbeClient`` is the I/O edge (one remote command per readiness wait or wave).
+The program's text and its configuration go to the host together on stdin (``python3 -``; ``payload``), never in
+argv: `ps` would show it, and the kernel caps one argument at 128 KiB. The configuration is built here from the
+inventory and holds no secret (the API key is read on the host from ``service.environment_file``). The parsing,
+the classification of failures (``failure_cause``) and the plan's wording are pure; ``ProbeClient`` is the I/O
+edge (one remote command per readiness wait or wave).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import shlex
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -28,10 +32,24 @@ RID_PREFIX = "opsctl-probe"
 COMMAND_SLACK_S = 30.0
 
 
+# The line of the host program that ``payload`` replaces with the configuration.
+CONFIG_LINE = "CONFIG_TEXT: str | None = None\n"
+
+
 @cache
 def program_text() -> str:
     """The host-side program, as shipped (the installed module's own file)."""
     return resources.files("opsctl.gate").joinpath("traffic_on_host.py").read_text(encoding="utf-8")
+
+
+def payload(config: dict[str, Any]) -> str:
+    """What goes on the remote command's stdin: the program with its ``CONFIG_TEXT`` line set to the configuration
+    (JSON text as a Python string literal: ``json.dumps`` of a string is one, ASCII only)."""
+    text = program_text()
+    if text.count(CONFIG_LINE) != 1:
+        raise AssertionError("traffic_on_host.py must have exactly one CONFIG_TEXT line")
+    literal = json.dumps(json.dumps(config, separators=(",", ":")))
+    return text.replace(CONFIG_LINE, f"CONFIG_TEXT: str | None = {literal}\n")
 
 
 def serves_http(host: HostConfig) -> bool:
@@ -50,6 +68,29 @@ def new_rid_prefix() -> str:
 
 
 # ------------------------------------------------------------------------------------------------ answers
+
+
+class FailureCause(StrEnum):
+    """Whose fault a failed request is: the release's (it could not serve: FAIL, marked bad) or the gate's own
+    configuration's (a wrong endpoint, prompt or API key: ERROR, rolled back, not marked bad)."""
+
+    RELEASE = "release"
+    CONFIGURATION = "configuration"
+
+
+def is_client_error(status: int | None) -> bool:
+    """A 4xx other than 408 (request timeout) and 429 (too many requests): those two are the server being slow
+    or full, which says something about the release."""
+    return status is not None and 400 <= status < 500 and status not in (408, 429)
+
+
+def failure_cause(status: int | None, baseline_status: int | None = None) -> FailureCause:
+    """Why a request failed with HTTP ``status`` (None: no answer, a timeout, a malformed stream). A client
+    error is the configuration's, unless the same request was answered 200 by the release before (``baseline_
+    status``, the comparison's baseline): then the new release broke the API. Anything else is the release's."""
+    if not is_client_error(status):
+        return FailureCause.RELEASE
+    return FailureCause.RELEASE if baseline_status == 200 else FailureCause.CONFIGURATION
 
 
 @dataclass(frozen=True)
@@ -84,6 +125,18 @@ class Wave:
     auth: bool = False  # an API key was sent (its value never leaves the host)
     auth_error: str | None = None
     elapsed_s: float = 0.0
+    unsent: int = 0  # requests the program did not start: the wave's budget (the gate's deadline) was spent
+
+    @property
+    def cause(self) -> FailureCause | None:
+        """Whose fault the wave's failures are (None: none failed): the configuration's only when every failed
+        request was refused (``failure_cause``); one that the server could not serve makes it the release's."""
+        failed = self.failed
+        if not failed:
+            return None
+        if all(r.refused for r in failed):
+            return FailureCause.CONFIGURATION
+        return FailureCause.RELEASE
 
     @property
     def answered(self) -> int:
@@ -108,7 +161,7 @@ class Readiness:
         return f"GET {path}: " + (f"HTTP {self.status}" if self.status is not None else self.error or "no answer")
 
 
-def _document(stdout: str) -> dict[str, Any]:
+def document(stdout: str) -> dict[str, Any]:
     lines = [line for line in stdout.split("\n") if line.strip()]
     if not lines:
         raise ValueError("the probe program printed nothing")
@@ -126,7 +179,7 @@ def _float(value: Any) -> float | None:
 
 def parse_ready(stdout: str) -> Readiness:
     """The program's ``ready`` answer; ValueError when it is not one."""
-    doc = _document(stdout)
+    doc = document(stdout)
     status = doc.get("status")
     return Readiness(
         ready=doc.get("ready") is True,
@@ -139,7 +192,7 @@ def parse_ready(stdout: str) -> Readiness:
 
 def parse_wave(stdout: str) -> Wave:
     """The program's ``wave`` answer; ValueError when it is not one."""
-    doc = _document(stdout)
+    doc = document(stdout)
     raw = doc.get("requests")
     if not isinstance(raw, list):
         raise ValueError("the probe program's answer has no requests[]")
@@ -165,6 +218,7 @@ def parse_wave(stdout: str) -> Wave:
         auth=doc.get("auth") is True,
         auth_error=str(doc["auth_error"]) if doc.get("auth_error") else None,
         elapsed_s=_float(doc.get("elapsed_s")) or 0.0,
+        unsent=unsent if isinstance(unsent := doc.get("unsent"), int) and not isinstance(unsent, bool) else 0,
     )
 
 
@@ -258,10 +312,16 @@ def wave_config(
     *,
     requests: int | None = None,
     max_new_tokens: int | None = None,
+    start_within_s: float | None = None,
+    finish_within_s: float | None = None,
 ) -> dict[str, Any]:
+    """One wave. ``start_within_s``: no request starts later (the gate polls the journal between requests);
+    ``finish_within_s``: none runs longer (the time left to the gate's deadline)."""
     p: ProbeSettings = host.gate.probe
     n = requests or p.requests
     return {
+        "start_within_s": start_within_s,
+        "finish_within_s": finish_within_s,
         **base_config(host),
         "mode": "wave",
         "endpoint": p.endpoint,
@@ -277,17 +337,19 @@ def wave_config(
     }
 
 
-def command(config: dict[str, Any], python: str = "python3") -> str:
-    """The remote command; the program's text goes on its stdin (``program_text``)."""
-    return f"{shlex.quote(python)} - {shlex.quote(json.dumps(config, separators=(',', ':')))}"
+def command(python: str = "python3") -> str:
+    """The remote command: the program and its configuration go on its stdin (``payload``), nothing in argv."""
+    return f"{shlex.quote(python)} -"
 
 
-def wave_timeout_s(host: HostConfig, requests: int | None = None) -> float:
-    """How long a wave may take: its requests in rounds of ``concurrency``, each within ``timeout_s``."""
+def wave_timeout_s(host: HostConfig, requests: int | None = None, finish_within_s: float | None = None) -> float:
+    """How long a wave may take: its requests in rounds of ``concurrency``, each within ``timeout_s``; at most
+    ``finish_within_s`` when given."""
     p = host.gate.probe
     n = requests or p.requests
     rounds = -(-n // max(1, min(p.concurrency, n)))
-    return rounds * p.timeout_s + COMMAND_SLACK_S
+    limit = rounds * p.timeout_s if finish_within_s is None else min(rounds * p.timeout_s, finish_within_s)
+    return limit + COMMAND_SLACK_S
 
 
 class ProbeClient:
@@ -302,7 +364,7 @@ class ProbeClient:
         self.next_n = 0
 
     def _run(self, config: dict[str, Any], timeout: float) -> CommandResultLike:
-        res = self.remote().run(command(config), stdin=program_text(), timeout=timeout, check=False)
+        res = self.remote().run(command(), stdin=payload(config), timeout=timeout, check=False)
         if res.rc not in (0, 2):
             raise DeployFailed(
                 f"{self.host.name}: the probe program failed on the host (exit {res.rc}): "
@@ -321,11 +383,27 @@ class ProbeClient:
         readiness: Readiness = self._parsed(res, parse_ready)
         return readiness
 
-    def wave(self, *, requests: int | None = None, max_new_tokens: int | None = None) -> Wave:
-        config = wave_config(self.host, self.rid_prefix, self.next_n, requests=requests, max_new_tokens=max_new_tokens)
-        res = self._run(config, timeout=wave_timeout_s(self.host, requests))
+    def wave(
+        self,
+        *,
+        requests: int | None = None,
+        max_new_tokens: int | None = None,
+        start_within_s: float | None = None,
+        finish_within_s: float | None = None,
+    ) -> Wave:
+        """One wave (``wave_config``): with budgets, requests the budget left unsent are counted in ``unsent``."""
+        config = wave_config(
+            self.host,
+            self.rid_prefix,
+            self.next_n,
+            requests=requests,
+            max_new_tokens=max_new_tokens,
+            start_within_s=start_within_s,
+            finish_within_s=finish_within_s,
+        )
+        res = self._run(config, timeout=wave_timeout_s(self.host, requests, finish_within_s))
         wave: Wave = self._parsed(res, parse_wave)
-        self.next_n += len(wave.requests) or int(config["requests"])
+        self.next_n += len(wave.requests) + wave.unsent
         return wave
 
 

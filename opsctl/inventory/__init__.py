@@ -9,10 +9,11 @@
 
 from .fields import WebhookUrl
 from .loader import ENV_VAR, Inventory, default_path, load, parse
-from .settings import GateSettings, HostConfig, ProbeSettings, ServiceSettings, with_options
+from .settings import CompareSettings, GateSettings, HostConfig, ProbeSettings, ServiceSettings, with_options
 
 __all__ = [
     "ENV_VAR",
+    "CompareSettings",
     "GateSettings",
     "HostConfig",
     "Inventory",

@@ -17,7 +17,9 @@ _UNIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 _ADDRESS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
 _ARCH_RE = re.compile(r"\d{1,2}\.\d")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_HTTP_PATH_RE = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
+# A plain absolute URL path: no %-escapes (a second decoding could turn them into anything), no ';' (path
+# parameters), no query, no '..' or '.' segment; it goes into an HTTP request line on the host.
+_HTTP_PATH_RE = re.compile(r"/[A-Za-z0-9._~/-]{0,255}")
 # Characters with a meaning to a shell, plus whitespace; a path or argument containing one is refused outright.
 _SHELL_META = set(";&|$`\\\"'<>(){}[]*?!#~\n\r\t ")
 
@@ -44,9 +46,11 @@ def no_control_characters(value: Any) -> Any:
 
 
 def _http_path(value: str) -> str:
-    if not _HTTP_PATH_RE.fullmatch(value) or value.startswith("//"):
+    segments = value.split("/")[1:]
+    if not _HTTP_PATH_RE.fullmatch(value) or "//" in value or ".." in segments or "." in segments:
         raise ValueError(
-            f"{value!r} must be a URL path: one leading '/', no query or fragment (it is the path of "
+            f"{value!r} must be a plain absolute URL path: one leading '/', then letters, digits, '.', '_', '~', "
+            "'-' and '/'; no '..' or '.' segment, '%'-escape, ';', query or fragment (it is the path of "
             "http://127.0.0.1:<port>)"
         )
     return value

@@ -38,7 +38,52 @@ class Strict(BaseModel):
         return no_control_characters(value)
 
 
-class ProbeSettings(Strict):
+# Limits of what the gate's program takes to the host (docs/gate.md "Limits"): checked at load, so a value that
+# would make every gated deploy fail (or `hosts --json` slow) is refused with its file, line and field.
+MAX_PROMPT_CHARS = 262_144  # one prompt
+MAX_PROMPTS_CHARS = 1_048_576  # all prompts of a section together
+MAX_PROMPTS = 256  # prompts or token-id lists in a section
+MAX_INPUT_IDS = 32_768  # token ids in one list
+MAX_INPUT_IDS_TOTAL = 65_536  # token ids in all lists of a section together
+MAX_TOKEN_ID = 2**24 - 1  # above any vocabulary in use (Kimi K2: 163,840)
+MAX_TIMEOUT_S = 3600.0
+
+
+def _check_prompts(value: list[str]) -> list[str]:
+    for i, prompt in enumerate(value):
+        if not prompt:
+            raise ValueError(f"prompt {i} is empty")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise ValueError(f"prompt {i} has {len(prompt):,} characters; at most {MAX_PROMPT_CHARS:,}")
+    total = sum(map(len, value))
+    if total > MAX_PROMPTS_CHARS:
+        raise ValueError(f"the prompts have {total:,} characters together; at most {MAX_PROMPTS_CHARS:,}")
+    return value
+
+
+def _check_input_ids(value: list[list[int]] | None) -> list[list[int]] | None:
+    total = 0
+    for i, ids in enumerate(value or ()):
+        if not ids:
+            raise ValueError(f"entry {i} is empty; each entry must be a non-empty list of token ids")
+        if len(ids) > MAX_INPUT_IDS:
+            raise ValueError(f"entry {i} has {len(ids):,} token ids; at most {MAX_INPUT_IDS:,}")
+        if any(t < 0 or t > MAX_TOKEN_ID for t in ids):
+            raise ValueError(f"entry {i}: token ids must be integers in [0, {MAX_TOKEN_ID:,}]")
+        total += len(ids)
+    if total > MAX_INPUT_IDS_TOTAL:
+        raise ValueError(f"{total:,} token ids together; at most {MAX_INPUT_IDS_TOTAL:,}")
+    return value
+
+
+class StrictTypes(Strict):
+    """A section whose values go to the host program: no coercion (``requests: "4"``, ``4.0`` or ``true`` is not
+    the integer 4; ``input_ids: [["1"]]`` or ``[[true]]`` is not a token id)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+
+class ProbeSettings(StrictTypes):
     """The gate's own verify traffic (docs/gate.md "The probe"): after the restart opsctl waits until
     ``ready_path`` answers 200 on the host's loopback, then sends waves of greedy requests to ``endpoint`` from the
     host itself until the gate decides. The API key, if the server wants one, is read on the host from
@@ -50,31 +95,110 @@ class ProbeSettings(Strict):
     prompts: list[str] = Field(
         default_factory=lambda: ["The capital of France is", "def fibonacci(n):", "Once upon a time"],
         min_length=1,
-        max_length=64,
+        max_length=MAX_PROMPTS,
     )
-    input_ids: list[list[int]] | None = Field(None, min_length=1, max_length=64)
+    input_ids: list[list[int]] | None = Field(None, min_length=1, max_length=MAX_PROMPTS)
     requests: int = Field(4, ge=1, le=256)
     concurrency: int = Field(4, ge=1, le=64)
     max_new_tokens: int = Field(8, ge=1, le=4096)
-    timeout_s: float = Field(60.0, gt=0, le=3600)
-    parity_grace_s: float = Field(30.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)
+    parity_grace_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)
     api_key_env: EnvName = "SGLANG_API_KEY"
     model: SafeName = "default"
 
     @field_validator("input_ids")
     @classmethod
     def _token_ids(cls, value: list[list[int]] | None) -> list[list[int]] | None:
-        for ids in value or ():
-            if not ids or any(i < 0 for i in ids):
-                raise ValueError("each entry must be a non-empty list of token ids (integers >= 0)")
-        return value
+        return _check_input_ids(value)
 
     @field_validator("prompts")
     @classmethod
     def _prompts(cls, value: list[str]) -> list[str]:
-        if any(not p for p in value):
-            raise ValueError("a prompt must not be empty")
-        return value
+        return _check_prompts(value)
+
+
+# The comparison workload's default prompts: 16 of varied length (a few words to a paragraph), code and prose, so
+# that decode runs over short and long contexts (docs/gate.md "The comparison workload").
+DEFAULT_COMPARE_PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "The three primary colors are",
+    "Translate to German: The weather is nice today.",
+    "Write a haiku about the sea.",
+    "import numpy as np; def softmax(x):",
+    "Q: What is 17 times 23? A:",
+    "List the planets of the solar system in order from the sun:",
+    "SELECT name, COUNT(*) FROM orders GROUP BY name HAVING",
+    "Explain in one sentence why the sky is blue.",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "In 1969, the Apollo 11 mission landed on the Moon. The astronauts who walked on its surface were",
+    "Summarize the following paragraph. Attention mechanisms let a model weigh every earlier token when it "
+    "predicts the next one; speculative decoding drafts several tokens ahead and verifies them in one pass, "
+    "keeping those the target model agrees with. Summary:",
+    "class LinkedList: def __init__(self): self.head = None; def append(self, value):",
+    "A recipe for bread: mix 500 g of flour, 10 g of salt, 7 g of yeast and 350 ml of water. Knead for ten "
+    "minutes, let it rise for an hour, shape the loaf, let it rise again, and bake at 230 degrees for",
+)
+
+
+class CompareSettings(StrictTypes):
+    """The comparison of the new release with the one it replaces (docs/gate.md "The comparison workload", "The
+    comparison"): the same greedy requests, on the same host, just before and just after the restart; the
+    answers, decode speed and accepted drafts judged. Sent by the gate's host program on the loopback to
+    ``/generate`` (the native API: it returns token ids), with the API key of ``gate.probe.api_key_env``."""
+
+    enabled: bool = True
+    prompts: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_COMPARE_PROMPTS), min_length=1, max_length=MAX_PROMPTS
+    )
+    input_ids: list[list[int]] | None = Field(None, min_length=1, max_length=MAX_PROMPTS)
+    max_new_tokens: int = Field(32, ge=2, le=4096)  # two at least: decode speed is timed after the first token
+    concurrency: int = Field(1, ge=1, le=64)  # 1: decode speed is per-request latency
+    warmup: int = Field(2, ge=0, le=64)  # requests sent first and discarded
+    # Output ids compared per prompt; when not given, all of them: max_new_tokens (the default, 32).
+    compare_tokens: int = Field(32, ge=1, le=4096)
+    min_identical: float = Field(0.5, ge=0, le=1)  # FAIL when fewer of the prompts agree
+    max_slowdown: float = Field(0.10, ge=0, lt=1)  # FAIL when decode is slower than 1 - this (and p < alpha)
+    alpha: float = Field(0.01, gt=0, le=0.5)  # the one-sided Mann-Whitney U test's level
+    max_accept_drop: float = Field(0.10, ge=0, lt=1)  # FAIL when mean spec_accept_length drops more (and p < alpha)
+    # The speed is compared only when the two sides' mean server load (sglang:num_running_reqs, read around each
+    # request) differs by at most this many running requests; else "cannot decide" (answers still judged).
+    max_load_diff: float = Field(1.0, ge=0, le=1e6)
+    enforce: bool = True  # false: the comparison only reports, never fails the deploy
+    timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)  # per request
+
+    @field_validator("input_ids")
+    @classmethod
+    def _token_ids(cls, value: list[list[int]] | None) -> list[list[int]] | None:
+        return _check_input_ids(value)
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts(cls, value: list[str]) -> list[str]:
+        return _check_prompts(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _all_tokens_by_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "compare_tokens" not in data:
+            n = data.get("max_new_tokens", 32)
+            if isinstance(n, int) and not isinstance(n, bool):
+                return {**data, "compare_tokens": n}
+        return data
+
+    @model_validator(mode="after")
+    def _tokens(self) -> CompareSettings:
+        if self.compare_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"compare_tokens ({self.compare_tokens}) must be <= max_new_tokens ({self.max_new_tokens})"
+            )
+        return self
+
+    @property
+    def workload_size(self) -> int:
+        """Requests measured per side (one per prompt or token-id list; the warmup not counted)."""
+        return len(self.input_ids) if self.input_ids else len(self.prompts)
 
 
 class GateSettings(Strict):
@@ -88,6 +212,7 @@ class GateSettings(Strict):
     max_restarts: int = Field(2, ge=0)
     ssh_retries: int = Field(5, ge=0, le=100)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
+    compare: CompareSettings = Field(default_factory=CompareSettings)
 
     @model_validator(mode="after")
     def _ordered(self) -> GateSettings:
@@ -133,6 +258,9 @@ class HealthSettings(Strict):
     probe: bool = False
     probe_max_new_tokens: int = Field(64, ge=1, le=4096)
     probe_wait_s: float = Field(15.0, gt=0, le=600)
+    # `health --probe`: WARN when the running release's decode speed (or accepted drafts) drifted more than this
+    # fraction from the sample recorded when it was deployed (docs/gate.md "Health checks").
+    max_drift: float = Field(0.2, gt=0, lt=1, strict=True)
 
 
 class HostConfig(Strict):

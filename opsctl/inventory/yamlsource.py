@@ -30,14 +30,26 @@ def shown(value: object) -> str:
 # Aliases may add this many values beyond the ones written in the file (:func:`_bound_aliases`).
 MAX_ALIAS_EXPANSION = 10_000
 MAX_NESTING = 64  # an inventory is five levels deep; PyYAML's composer recurses once per level
+# A file's size and its number of values (scalars and collections) are bounded before anything is built: every
+# command reads the inventory, and `hosts --json` must stay fast (a 10 MB prompt once made it take 21 s).
+MAX_INVENTORY_CHARS = 8 * 1024 * 1024
+MAX_VALUES = 250_000
+# libyaml's parser when PyYAML has it (10x faster on large files; the same events and marks), else PyYAML's own.
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _bound_nesting(text: str, path: Path) -> None:
     """Refuse collections nested deeper than :data:`MAX_NESTING` from the event stream (linear, no recursion):
     ``[[[[...]]]]`` a few thousand deep would otherwise end in a RecursionError inside the YAML composer."""
-    depth = 0
+    depth = values = 0
     try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        for event in yaml.parse(text, Loader=_LOADER):
+            if isinstance(event, yaml.ScalarEvent | yaml.CollectionStartEvent):
+                values += 1
+                if values > MAX_VALUES:
+                    raise InventoryError(
+                        f"{path}:{event.start_mark.line + 1}: more than {MAX_VALUES:,} values in the inventory"
+                    )
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_NESTING:
@@ -46,7 +58,10 @@ def _bound_nesting(text: str, path: Path) -> None:
                     )
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
-    except yaml.YAMLError:
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        if "nesting depth" in str(getattr(e, "problem", "")) and mark is not None:  # libyaml's own bound, 1000
+            raise InventoryError(f"{path}:{mark.line + 1}: nested more than {MAX_NESTING} levels deep") from None
         return  # the composer below reports it, with its line
 
 
@@ -87,11 +102,14 @@ def _bound_aliases(node: yaml.Node | None, path: Path) -> None:
 
 def read_yaml(text: str, path: Path) -> tuple[Any, LineMap]:
     """The file's data and the line of each key; InventoryError (with its line) for bad or oversized YAML."""
+    if len(text) > MAX_INVENTORY_CHARS:
+        raise InventoryError(f"{path}: {len(text):,} characters; an inventory may have at most {MAX_INVENTORY_CHARS:,}")
     _bound_nesting(text, path)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_LOADER)
         _bound_aliases(node, path)
-        raw = yaml.safe_load(text)
+        # Built from the node just checked (not parsed again): SafeLoader's constructor, on an empty stream.
+        raw = None if node is None else yaml.SafeLoader("").construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from opsctl.gate import traffic_on_host as traffic
-from opsctl.gate.traffic import ProbeClient, command, parse_wave, plan_lines, wave_config
+from opsctl.gate.traffic import ProbeClient, command, parse_wave, payload, plan_lines, wave_config
 from opsctl.inventory import GateSettings, HostConfig, ProbeSettings, ServiceSettings
 from tests import builders
 from tests.pipeline.localremote import LocalRemote
@@ -31,6 +31,8 @@ class Server:
         self.mode = "ok"
         self.ready_after = 0.0
         self.api_key: str | None = None
+        self.metrics: str | None = None  # GET /metrics answers this (else 404)
+        self.spec: dict[str, Any] = {}  # extra meta_info of /generate chunks (spec_accept_length, ...)
         self.bodies: list[dict[str, Any]] = []
         self.auth: list[str | None] = []
         self.started = time.monotonic()
@@ -48,6 +50,14 @@ class Server:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    data = (outer.metrics or "").encode()
+                    self.send_response(404 if outer.metrics is None else 200)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 loading = time.monotonic() - outer.started < outer.ready_after
                 self._json(503 if loading else 200, {"ok": not loading})
 
@@ -75,7 +85,7 @@ class Server:
                         chunk = {"text": "x"}  # no meta_info
                     else:
                         chunk = {"text": "x" * (i + 1), "output_ids": list(range(i + 1)), "meta_info": {
-                            "id": body["rid"], "completion_tokens": i + 1}}  # fmt: skip
+                            "id": body["rid"], "completion_tokens": i + 1, **outer.spec}}  # fmt: skip
                     if mode == "error" and i == 1:
                         chunk = {"error": {"message": "scheduler died"}}
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -196,9 +206,14 @@ def test_env_file_syntax() -> None:
     assert traffic.read_env_value("/nonexistent/x.env", "K") == (None, None)
 
 
-def test_a_bad_configuration_exits_2_with_the_reason() -> None:
-    assert traffic.main(["x", json.dumps({"mode": "dance"})]) == 2
-    assert traffic.main(["x", "[]"]) == 2
+def test_a_bad_configuration_exits_2_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert traffic.main(json.dumps({"mode": "dance"})) == 2
+    assert "mode must be one of" in capsys.readouterr().out
+    assert traffic.main("[]") == 2 and traffic.main(None) == 2 and traffic.main("") == 2
+    assert traffic.main(json.dumps({"mode": "wave", "host": "h", "port": 1, "endpoint": "/generate",
+                                    "rid_prefix": "p", "requests": "4", "max_new_tokens": 1, "timeout_s": 1,
+                                    "prompts": ["a"]})) == 2  # fmt: skip
+    assert "requests must be a number" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------------------ shipped
@@ -229,10 +244,13 @@ def test_the_program_runs_from_stdin_through_a_shell_and_numbers_on_across_waves
     assert all(KEY not in c for c in remote.commands)  # argv carries the file's name, never the key
 
 
-def test_the_command_carries_only_the_json_config() -> None:
+def test_the_command_carries_nothing_the_configuration_travels_on_stdin() -> None:
+    """Issue 36 item 7: argv had the configuration (`ps` showed it; 128 KiB cap per argument)."""
     host = HostConfig(name="h1", address="127.0.0.1", gpu_arch=None)
-    text = command(wave_config(host, "opsctl-probe-abc", 0))
-    assert text.startswith("python3 - '{") and '"endpoint":"/generate"' in text and "/etc" not in text
+    config = wave_config(host, "opsctl-probe-abc", 0)
+    assert command() == "python3 -"
+    text = payload(config)
+    assert text.count("CONFIG_TEXT: str | None = ") == 1 and '\\"endpoint\\":\\"/generate\\"' in text
 
 
 def test_parse_wave_refuses_what_is_not_an_answer() -> None:
