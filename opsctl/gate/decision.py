@@ -33,7 +33,7 @@ from enum import StrEnum
 
 from ..inventory import GateSettings
 from .lines import MARKER, ParityLine, misplaced_marker, parse_line
-from .traffic import ProbeTally, Wave
+from .traffic import FailureCause, ProbeTally, Wave
 
 
 class LineVerdict(StrEnum):
@@ -113,6 +113,9 @@ class GateState:
     not_ready: str = ""  # PROBE: the last readiness answer that was not 200 (for the deadline's reason)
     first_answer_at: float | None = None  # PROBE: when the first probe request was answered
     probe: ProbeTally = field(default_factory=ProbeTally)
+    # An ERROR caused by the gate's own configuration (every failed probe request refused: a wrong endpoint,
+    # prompt or API key): the release is rolled back but not marked bad (traffic.failure_cause).
+    config_error: bool = False
 
     @classmethod
     def every_line(
@@ -244,11 +247,13 @@ class GateState:
             return
         reasons = "; ".join(dict.fromkeys(r.error or r.kind for r in failed))
         n = len(wave.requests)
-        if all(r.refused for r in failed):
+        if wave.cause is FailureCause.CONFIGURATION:
+            self.config_error = True
             self._decide(
                 Verdict.ERROR,
                 f"probe requests refused: {len(failed)} of {n} ({reasons}); check gate.probe (endpoint, prompts) "
-                f"and the API key in service.environment_file",
+                f"and the API key in service.environment_file"
+                + (f" (no API key sent: {wave.auth_error})" if wave.auth_error else ""),
                 now,
             )
             return

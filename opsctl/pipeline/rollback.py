@@ -128,7 +128,8 @@ def rollback_if_failed_step() -> Step:
     def run_(run: Run) -> None:
         failed = run.result.release or ""
         reason = f"gate {run.result.verdict} after restart: {run.result.reason}"
-        if run.result.verdict.marks_bad:
+        config_error = run.gate is not None and run.gate.config_error  # the gate's configuration, not the release
+        if run.result.verdict.marks_bad and not config_error:
             run.call(lambda r: releaseroot.mark_bad(r, run.layout, failed, reason))
         history = run.call(lambda r: host_history.read_history(r, run.layout))
         after = run.call(lambda r: releaseroot.read_snapshot(r, run.host.root, run.host.unit))

@@ -69,11 +69,18 @@ class Rejected(Exception):
         gate: dict[str, Any] | None = None,
         stage: str | None = None,
         detail: str = "",
+        config_error: bool = False,
     ) -> None:
         super().__init__(reason)
         self.verdict, self.reason, self.gate, self.stage = verdict, reason, gate, stage
         self.record_reason = record_reason or reason
         self.detail = detail or reason
+        # The gate's own configuration failed (every probe request refused): rolled back, not marked bad.
+        self.config_error = config_error
+
+    @property
+    def marks_bad(self) -> bool:
+        return self.verdict.marks_bad and not self.config_error
 
 
 @dataclass
@@ -184,9 +191,7 @@ def execute(run: Run, steps: Sequence[Step]) -> DeployResult:
                 break
     except Rejected as rej:
         with signals_held(run.reporter):
-            _compensate(
-                run, started, rej.verdict, rej.record_reason, bad=rej.verdict.marks_bad, gate=rej.gate, stage=rej.stage
-            )
+            _compensate(run, started, rej.verdict, rej.record_reason, bad=rej.marks_bad, gate=rej.gate, stage=rej.stage)
         run.conclude(rej.verdict, rej.reason)
     except KeyboardInterrupt as e:
         if not run.locked or run.committed:

@@ -115,6 +115,7 @@ def gate_or_reject_step() -> Step:
                 record_reason=f"gate {gate.verdict}: {gate.reason}",
                 gate=gate.summary(),
                 detail=detail,
+                config_error=gate.config_error,
             )
         # The gate decided: a later failure is the bookkeeping's, not a reason to restore.
         run.committed = True

@@ -115,8 +115,13 @@ class ProbeDriver:
     def step(self, clock: Callable[[], float]) -> Wave | None:
         """One readiness wait or one wave; the wave is returned for the loop to feed after the unit's state."""
         state, probe = self.state, self.host.gate.probe
+        # Never past the gate's deadline, and back to the loop (a journal poll) within a poll interval: no request
+        # of a wave starts later, and none runs past the deadline (issue 36, item 8).
+        left = state.deadline_s - (clock() - state.started_at)
+        if left <= 0:
+            return None
         if state.ready_at is None:
-            readiness = self.client.ready(wait_s=self.host.gate.poll_interval_s)
+            readiness = self.client.ready(wait_s=min(self.host.gate.poll_interval_s, left))
             if readiness.ready:
                 state.server_ready(clock())
                 self.reporter.info(
@@ -126,7 +131,10 @@ class ProbeDriver:
             else:
                 state.server_not_ready(readiness.describe(probe.ready_path))
                 return None
-        wave = self.client.wave()
+        left = state.deadline_s - (clock() - state.started_at)
+        if left <= 0:
+            return None
+        wave = self.client.wave(start_within_s=self.host.gate.poll_interval_s, finish_within_s=left)
         if state.probe.waves == 0 and wave.auth_error:
             self.reporter.info(f"probe: no API key sent: {wave.auth_error}")
         return wave
