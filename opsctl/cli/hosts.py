@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..host.ping import PingReport, ping_many
+from ..fleet.ping import PingReport, ping_many
 from . import common
 
 app = typer.Typer()

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from ..hostdata.facts import UnitObservation
 from ..inventory import GateSettings
 from .lines import MARKER, ParityLine, misplaced_marker, parse_line
 from .traffic import FailureCause, ProbeTally, Wave
@@ -77,17 +78,6 @@ def classify(line: ParityLine, settings: GateSettings) -> LineVerdict:
     if line.rel <= settings.pass_rel:
         return LineVerdict.PASS
     return LineVerdict.INCONCLUSIVE
-
-
-@dataclass(frozen=True)
-class UnitObservation:
-    """What ``systemctl show`` said about the unit at one poll."""
-
-    active_state: str
-    sub_state: str
-    n_restarts: int
-    invocation_id: str
-    result: str = "success"
 
 
 @dataclass

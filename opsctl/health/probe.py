@@ -1,4 +1,4 @@
-"""The health probe: one SSH round trip runs one command printing the host facts (opsctl.host.facts),
+"""The health probe: one SSH round trip runs one command printing the host facts (opsctl.hostdata.facts),
 :data:`SEPARATOR`, then one JSON document from a small read-only program (opsctl/health/probe_on_host.py, its text
 on the stdin of the host's own python3) with what the facts do not cover: the health endpoint, the current
 release's files against its manifest, the current invocation's parity lines, the parity token file, the lock, and
@@ -28,8 +28,8 @@ from kdtree_backend.wire import MARKER
 from ..errors import OpsError
 from ..gate.lines import ParityLine, parse_line
 from ..gate.traffic import ProbeClient, serves_http
-from ..host.facts import SystemFacts, facts_command, parse_facts
 from ..host.releaseroot import parse_parity_env
+from ..hostdata.facts import SystemFacts, facts_command, parse_facts
 from ..inventory import HostConfig
 from ..journal.query import mark_command, parse_mark, parse_poll, poll_command
 from ..release import Manifest

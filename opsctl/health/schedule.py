@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OpsError, UsageError
-from ..host.facts import parse_systemctl_show
+from ..hostdata.facts import parse_systemctl_show
 from ..inventory import HostConfig
 from ..unit.systemctl import systemctl_argv
 from .levels import FINDING_EXIT_CODES

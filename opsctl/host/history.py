@@ -19,8 +19,9 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from ..errors import EXIT_UNPROVEN, DeployFailed, GateFailed
 from ..gate.decision import Verdict
+from ..hostdata.layout import Layout
 from ..ssh.remote import Remote
-from .releaseroot import Layout, read_quietly_command, utc_now
+from .releaseroot import read_quietly_command, utc_now
 
 
 class HistoryEvent(StrEnum):

@@ -4,8 +4,8 @@
 <root>/current          symlink -> releases/<id>, switched by rename(2) of a temp symlink
 <root>/state/           managed.json, history.jsonl, lock/, bad/<id>, last-good, parity.env, cursors/
 
-Every path a command names goes through :class:`Layout`, whose ``release`` refuses anything but a release id:
-nothing built here deletes outside ``<root>/releases`` and ``<root>/state/lock``.
+Every path a command names goes through :class:`opsctl.hostdata.layout.Layout`, whose ``release`` refuses anything
+but a release id: nothing built here deletes outside ``<root>/releases`` and ``<root>/state/lock``.
 """
 
 from __future__ import annotations
@@ -23,76 +23,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DeployFailed
+from ..hostdata.facts import facts_command, key_values, parse_facts
+from ..hostdata.layout import Layout, check_id, valid_id
 from ..lock.hostlock import json_object_or_none, lease_expiry_expr
-from ..release import ADOPTED_ID_RE, ID_RE
+from ..release import ADOPTED_ID_RE
 from ..ssh.remote import Remote
-from .facts import facts_command, key_values, parse_facts
 from .replay import PARITY_TOKEN_VAR
-
-
-def valid_id(release: str) -> bool:
-    return bool(ID_RE.match(release) or ADOPTED_ID_RE.match(release))
-
-
-def check_id(release: str) -> str:
-    if not valid_id(release):
-        raise DeployFailed(f"{release!r} is not a release id (like r0123456789ab)")
-    return release
-
-
-@dataclass(frozen=True)
-class Layout:
-    root: str
-
-    @property
-    def releases(self) -> str:
-        return f"{self.root}/releases"
-
-    @property
-    def current(self) -> str:
-        return f"{self.root}/current"
-
-    @property
-    def state(self) -> str:
-        return f"{self.root}/state"
-
-    @property
-    def lock(self) -> str:
-        return f"{self.state}/lock"
-
-    @property
-    def history(self) -> str:
-        return f"{self.state}/history.jsonl"
-
-    @property
-    def bad(self) -> str:
-        return f"{self.state}/bad"
-
-    @property
-    def last_good(self) -> str:
-        return f"{self.state}/last-good"
-
-    @property
-    def managed(self) -> str:
-        return f"{self.state}/managed.json"
-
-    @property
-    def parity_env(self) -> str:
-        """The unit's EnvironmentFile holding this invocation's parity token (root-only, rewritten per restart)."""
-        return f"{self.state}/parity.env"
-
-    @property
-    def cursors(self) -> str:
-        return f"{self.state}/cursors"
-
-    def release(self, release: str) -> str:
-        return f"{self.releases}/{check_id(release)}"
 
 
 def snapshot_command(root: str, unit: str) -> str:
     """Everything preflight and status need, in one command: the layout's ``key=value`` lines (parsed by
-    ``parse_snapshot``) followed by the host facts (:func:`opsctl.host.facts.facts_command`)."""
+    ``parse_snapshot``) followed by the host facts (:func:`opsctl.hostdata.facts.facts_command`)."""
     lay = Layout(root)
     r = shlex.quote(root)
     return f"""R={r}
@@ -275,7 +216,7 @@ def _float_or_none(text: str) -> float | None:
 
 
 def parse_snapshot(stdout: str) -> HostSnapshot:
-    """snapshot_command's output -> HostSnapshot (the host facts in it are read by opsctl.host.facts)."""
+    """snapshot_command's output -> HostSnapshot (the host facts in it are read by opsctl.hostdata.facts)."""
     facts = parse_facts(stdout)
     kv: dict[str, str] = {}
     releases: dict[str, float] = {}
@@ -369,12 +310,6 @@ def utc_now() -> str:
 def ensure_layout(r: Remote, layout: Layout, *, adopted: bool) -> None:
     doc = json.dumps({"since": utc_now(), "adopted": adopted, "by": f"{getpass.getuser()}@{socket.gethostname()}"})
     r.run(ensure_layout_command(layout, doc), timeout=60)
-
-
-
-
-
-
 
 
 def switch_current(r: Remote, layout: Layout, release: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..gate.decision import UnitObservation
+from ..hostdata.facts import UnitObservation
 from . import query
 from .query import Entry, Mark, parse_poll
 

@@ -11,8 +11,7 @@ from typing import Any
 
 from kdtree_backend.wire import MARKER
 
-from ..gate.decision import UnitObservation
-from ..host.facts import parse_systemctl_show, unit_show_command
+from ..hostdata.facts import UnitObservation, parse_systemctl_show, unit_show_command
 from ..unit.systemctl import service
 
 SEPARATOR = "--- opsctl journal ---"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import LockHeld
 
 if TYPE_CHECKING:
-    from ..host.releaseroot import Layout
+    from ..hostdata.layout import Layout
     from ..ssh.remote import Remote
 
 LOCK_LEASE_S = 120.0  # a lock's lease; the run holding it renews it every third of that

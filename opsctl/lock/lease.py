@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ..host.releaseroot import Layout
+from ..hostdata.layout import Layout
 from ..inventory import HostConfig
 from ..ssh.session import Connect, Session
 from . import hostlock
 from .hostlock import LockOwner
 
-if TYPE_CHECKING:
-    # The lock sits below the pipeline: only the pipeline's progress type is named here, nothing is imported.
-    from ..pipeline.report import Reporter
+
+class Announcer(Protocol):
+    """What taking the lock needs of the pipeline's Reporter (opsctl.pipeline.report), which stands floors above
+    the lock: a line to show."""
+
+    def info(self, message: str) -> None: ...
 
 
 class LeaseKeeper:
@@ -21,7 +24,9 @@ class LeaseKeeper:
     process holds the lock: a long build or gate keeps it, and a killed or cut-off run loses it after the lease
     (another run may then take it over, with a warning naming this one)."""
 
-    def __init__(self, host: HostConfig, owner: LockOwner, connect: Connect, lease_s: float = hostlock.LOCK_LEASE_S) -> None:
+    def __init__(
+        self, host: HostConfig, owner: LockOwner, connect: Connect, lease_s: float = hostlock.LOCK_LEASE_S
+    ) -> None:
         self.layout = Layout(host.root)
         self.owner = owner
         self.lease_s = lease_s
@@ -43,7 +48,7 @@ class LeaseKeeper:
         self._session.drop()
 
 
-def take_lock(session: Session, host: HostConfig, owner: LockOwner, rep: Reporter) -> str:
+def take_lock(session: Session, host: HostConfig, owner: LockOwner, rep: Announcer) -> str:
     """Acquire (retried across SSH drops: a retry after a lost reply finds its own token). Returns the step's
     detail; taking over an expired or pre-reboot lock is announced with the old owner's name."""
     taken = session.call(lambda r: hostlock.acquire_lock(r, Layout(host.root), owner, host.name))

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from ..gate.traffic import plan_lines
 from ..host.history import DeployVerdict, HistoryEvent, HistoryRecord
-from ..host.releaseroot import HostSnapshot, Layout
+from ..host.releaseroot import HostSnapshot
+from ..hostdata.layout import Layout
 from ..inventory import HostConfig
 from ..lock import hostlock
 from ..release import Manifest

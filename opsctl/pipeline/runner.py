@@ -33,7 +33,8 @@ from ..errors import DeployFailed, OpsError, SshError
 from ..gate.decision import GateState
 from ..host import history as host_history
 from ..host import releaseroot
-from ..host.releaseroot import HostSnapshot, Layout
+from ..host.releaseroot import HostSnapshot
+from ..hostdata.layout import Layout
 from ..inventory import HostConfig
 from ..journal.query import Mark
 from ..lock import hostlock

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ..host.facts import key_values
+from ..hostdata.facts import key_values
 
 UNIT_DIR = "/etc/systemd/system"
 

@@ -25,7 +25,7 @@ from ..ssh.remote import Remote
 from . import systemctl
 
 if TYPE_CHECKING:
-    from ..host.releaseroot import Layout
+    from ..hostdata.layout import Layout
 
 __all__ = [
     "UnitSettingsLost",

@@ -12,7 +12,7 @@ import pytest
 from kdtree_backend.wire import MARKER
 
 from opsctl.health import probe as hp
-from opsctl.host.facts import facts_command, parse_facts
+from opsctl.hostdata.facts import facts_command, parse_facts
 from tests.shell import HOSTILE, sh
 
 

@@ -113,7 +113,7 @@ def test_gpu_expected_but_no_nvidia_smi_is_crit(tmp_path: Path) -> None:
 
 
 def test_gpu_facts_come_from_the_shared_probe_parser() -> None:
-    from opsctl.host.facts import parse_facts
+    from opsctl.hostdata.facts import parse_facts
 
     system = parse_facts("gpu_rc=0\ngpu=NVIDIA H200, 9.0\ngpu=NVIDIA H200, 9.0\ndisk_avail_kb=1048576\n")
     raw = {"release_error": "[Errno 2] No such file or directory: '/x'"}

@@ -11,7 +11,7 @@ import pytest
 from opsctl.errors import DeployFailed
 from opsctl.host import history as host_history
 from opsctl.host import releaseroot as hl
-from opsctl.host.facts import facts_command
+from opsctl.hostdata.facts import facts_command
 from tests.shell import HOSTILE, sh
 
 A, B = "r00000000000a", "r00000000000b"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.errors import CommandFailed, HostUnreachable
-from opsctl.host.ping import ping
+from opsctl.fleet.ping import ping
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.ssh import connect
 from opsctl.testbed import Testbed, reset_host
@@ -228,7 +228,7 @@ def test_up_down_twice_leaves_nothing_running(private: Testbed) -> None:
 
 
 def test_ping_group_in_parallel_keeps_order(testbed: Inventory) -> None:
-    from opsctl.host.ping import ping_many
+    from opsctl.fleet.ping import ping_many
 
     hosts = testbed.resolve("testbed")
     facts = ping_many(hosts)

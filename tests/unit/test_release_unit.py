@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.errors import DeployFailed
-from opsctl.host.releaseroot import Layout
+from opsctl.hostdata.layout import Layout
 from opsctl.inventory import HostConfig
 from opsctl.unit.unitfile import TEMPLATE_REL, UnitSettingsLost, release_unit_text, render, unit_for_release
 from tests import builders

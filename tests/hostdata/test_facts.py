@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from opsctl.host.facts import Gpu, facts_command, parse_facts, parse_systemctl_show, unit_show_command
+from opsctl.hostdata.facts import Gpu, facts_command, parse_facts, parse_systemctl_show, unit_show_command
 from tests.shell import HOSTILE, sh
 
 

@@ -67,6 +67,18 @@ class SystemFacts:
         return tuple(sorted({g.compute_cap for g in self.gpus if g.compute_cap}))
 
 
+@dataclass(frozen=True)
+class UnitObservation:
+    """What ``systemctl show`` said about the unit at one poll (read with the journal's entries, judged by the
+    gate)."""
+
+    active_state: str
+    sub_state: str
+    n_restarts: int
+    invocation_id: str
+    result: str = "success"
+
+
 def unit_show_command(unit: str, properties: tuple[str, ...] = UNIT_PROPERTIES) -> str:
     """``systemctl show`` of ``unit`` (a name without ``.service``) for ``properties``, as ``Key=value`` lines."""
     return f"systemctl show -p {','.join(properties)} {shlex.quote(unit + '.service')}"

@@ -1,6 +1,6 @@
 """`opsctl ping`: is a host reachable, does ssh auth work, and what does it look like (systemd, the unit, GPUs,
 free disk on the release root's filesystem). One SSH session and one remote command per host: the host-facts
-probe of opsctl.host.facts."""
+probe of opsctl.hostdata.facts."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import AuthFailed, HostKeyMismatch, HostKeyUnknown, OpsError
-from ..fleet.fanout import DEFAULT_WORKERS, run_on_hosts
+from ..hostdata.facts import Gpu, facts_command, parse_facts
 from ..inventory import HostConfig
 from ..ssh import connect
-from .facts import Gpu, facts_command, parse_facts
+from .fanout import DEFAULT_WORKERS, run_on_hosts
 
 FACTS_TIMEOUT_S = 30.0
 # What ping shows of the unit (the probe reads more for the snapshot and health).
@@ -57,7 +57,7 @@ class PingReport:
 
 
 def facts_script(host: HostConfig) -> str:
-    """The one command that gathers a host's facts (opsctl.host.facts)."""
+    """The one command that gathers a host's facts (opsctl.hostdata.facts)."""
     return facts_command(host.root, host.unit)
 
 
