@@ -45,27 +45,44 @@ def _files(lock_dir: str) -> tuple[str, str, str]:
     )
 
 
-def _owns(lock_dir: str, token: str) -> str:
-    return f"grep -qF {shlex.quote(token)} {_files(lock_dir)[0]} 2>/dev/null"
+# The owner's token (the nonce that makes a lock ours) and its record travel on the command's stdin, never in the
+# command text: sshd runs the command as `sh -c TEXT`, whose argv `ps` shows to every user of the host. The shell
+# reads them into variables with its builtins (read, printf, case), so no program's argv carries them either.
+_READ_TOKEN = "IFS= read -r T || true; "
+_READ_OWNER = "IFS= read -r T || true; IFS= read -r O || true; "
+
+
+def lock_input(token: str | None, owner_json: str = "") -> str:
+    """The stdin of :func:`acquire_command` (token and owner record), :func:`renew_command` and
+    :func:`release_command` (the token)."""
+    if token is not None and ("\n" in token or "\n" in owner_json):
+        raise ValueError("a lock token or owner record must be one line")
+    return f"{token or ''}\n{owner_json}\n"
+
+
+def _owns(lock_dir: str) -> str:
+    """Shell text: true when the owner record holds the token read into $T (never true for an empty token)."""
+    return f'[ -n "$T" ] && case "$(cat {_files(lock_dir)[0]} 2>/dev/null)" in *"$T"*) true ;; *) false ;; esac'
 
 
 def _new_lease(lock_dir: str, lease_s: float) -> str:
     return f"echo $(( $(date +%s) + {int(lease_s)} )) > {_files(lock_dir)[2]}"
 
 
-def acquire_command(state_dir: str, lock_dir: str, owner_json: str, token: str, lease_s: float) -> str:
-    """Take the lock for the owner ``owner_json`` (which holds ``token``): a fresh one, our own again (a retry
-    whose first reply was lost), or one from an earlier boot or with an expired lease (taken over)."""
+def acquire_command(state_dir: str, lock_dir: str, lease_s: float) -> str:
+    """Take the lock for the owner whose token and record come on stdin (:func:`lock_input`): a fresh one, our own
+    again (a retry whose first reply was lost), or one from an earlier boot or with an expired lease (taken
+    over)."""
     lock = shlex.quote(lock_dir)
     owner_file, boot_file, _ = _files(lock_dir)
     take = (
-        f"printf '%s\\n' {shlex.quote(owner_json)} > {owner_file} && cp /proc/sys/kernel/random/boot_id {boot_file} "
+        f"printf '%s\\n' \"$O\" > {owner_file} && cp /proc/sys/kernel/random/boot_id {boot_file} "
         f"&& {_new_lease(lock_dir, lease_s)}"
     )
     return (
-        f"B=$(cat /proc/sys/kernel/random/boot_id); NOW=$(date +%s); mkdir -p {shlex.quote(state_dir)} && "
-        f"if mkdir {lock} 2>/dev/null; then {take} && echo ACQUIRED; "
-        f"elif {_owns(lock_dir, token)}; then {take} && echo ACQUIRED; "
+        f"{_READ_OWNER}B=$(cat /proc/sys/kernel/random/boot_id); NOW=$(date +%s); mkdir -p {shlex.quote(state_dir)} "
+        f"&& if mkdir {lock} 2>/dev/null; then {take} && echo ACQUIRED; "
+        f"elif {_owns(lock_dir)}; then {take} && echo ACQUIRED; "
         f"else L=$({lease_expiry_expr(lock_dir)}); "
         f'if [ -f {boot_file} ] && [ "$(cat {boot_file})" != "$B" ]; then W=STALE; '
         f'elif [ "$NOW" -ge "$L" ] 2>/dev/null; then W=EXPIRED; else W=HELD; fi; '
@@ -75,17 +92,17 @@ def acquire_command(state_dir: str, lock_dir: str, owner_json: str, token: str, 
     )
 
 
-def renew_command(lock_dir: str, token: str, lease_s: float) -> str:
-    """Extend the lease, only while the lock is still ``token``'s."""
-    return f"if {_owns(lock_dir, token)}; then {_new_lease(lock_dir, lease_s)} && echo RENEWED; fi"
+def renew_command(lock_dir: str, lease_s: float) -> str:
+    """Extend the lease, only while the lock is still the one of the token on stdin."""
+    return f"{_READ_TOKEN}if {_owns(lock_dir)}; then {_new_lease(lock_dir, lease_s)} && echo RENEWED; fi"
 
 
-def release_command(lock_dir: str, token: str | None) -> str:
-    """Remove the lock when it is ``token``'s; any lock when ``token`` is None (forced)."""
+def release_command(lock_dir: str, forced: bool = False) -> str:
+    """Remove the lock when it is the token's on stdin; any lock when ``forced``."""
     remove = f"rm -rf -- {shlex.quote(lock_dir)}"
-    if token is None:
+    if forced:
         return remove
-    return f"if {_owns(lock_dir, token)}; then {remove}; echo RELEASED; fi"
+    return f"{_READ_TOKEN}if {_owns(lock_dir)}; then {remove}; echo RELEASED; fi"
 
 
 # ------------------------------------------------------------------------------------ the lock on a host
@@ -141,8 +158,8 @@ def acquire_lock(
     Idempotent for its owner: when the reply to an earlier attempt was lost, the retry finds its own token and
     succeeds. A lock from an earlier boot of the host, or whose lease ran out, is taken over; the old owner's
     description is returned then (for a warning). A lock held by a live lease raises ``LockHeld``."""
-    cmd = acquire_command(layout.state, layout.lock, owner.to_json(), owner.token, lease_s)
-    out = r.run(cmd, timeout=60).stdout
+    cmd = acquire_command(layout.state, layout.lock, lease_s)
+    out = r.run(cmd, timeout=60, stdin=lock_input(owner.token, owner.to_json())).stdout
     first, _, rest = out.partition("\n")
     word, _, figure = first.strip().partition(" ")
     if word == "ACQUIRED":
@@ -161,13 +178,14 @@ def acquire_lock(
 
 def renew_lock(r: Remote, layout: Layout, owner: LockOwner, lease_s: float = LOCK_LEASE_S) -> bool:
     """Extend our lease (only while the lock is still ours). False when it is not ours any more."""
-    out = r.run(renew_command(layout.lock, owner.token, lease_s), timeout=60)
+    out = r.run(renew_command(layout.lock, lease_s), timeout=60, stdin=lock_input(owner.token))
     return "RENEWED" in out.stdout
 
 
 def release_lock(r: Remote, layout: Layout, owner: LockOwner | None) -> bool:
     """Release our lock (only if the token is ours), or any lock when ``owner`` is None (forced)."""
-    out = r.run(release_command(layout.lock, owner.token if owner else None), timeout=60)
     if owner is None:
+        r.run(release_command(layout.lock, forced=True), timeout=60)
         return True
+    out = r.run(release_command(layout.lock), timeout=60, stdin=lock_input(owner.token))
     return "RELEASED" in out.stdout
