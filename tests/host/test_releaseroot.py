@@ -4,7 +4,8 @@ import pytest
 
 from opsctl.errors import DeployFailed
 from opsctl.host.history import HistoryEvent, HistoryRecord, parse_history
-from opsctl.host.releaseroot import Layout, parse_snapshot, select_for_removal, snapshot_command
+from opsctl.host.releaseroot import parse_snapshot, select_for_removal, snapshot_command
+from opsctl.hostdata.layout import Layout
 from opsctl.lock.hostlock import describe_owner
 
 SNAP = """root_exists=1
