@@ -164,7 +164,8 @@ def _root(
 def main(argv: list[str] | None = None) -> int:
     """Entry point (console script ``opsctl`` and ``python -m opsctl``)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in args
+    # `--json=1` is a usage error (a flag takes no value), reported as JSON like `--json` asked for.
+    as_json = any(a == "--json" or a.startswith("--json=") for a in args)
     try:
         # Not standalone: Click's usage errors (bad option value, missing argument) come here instead of being
         # printed as a box and exiting, so under --json they are a JSON object like every other error.
