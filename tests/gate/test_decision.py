@@ -2,8 +2,9 @@ import math
 
 import pytest
 
-from opsctl.gate.decision import GateState, LineVerdict, UnitObservation, Verdict, classify
+from opsctl.gate.decision import GateState, LineVerdict, Verdict, classify
 from opsctl.gate.lines import ParityLine, parse_line
+from opsctl.hostdata.facts import UnitObservation
 from opsctl.inventory import GateSettings
 
 S = GateSettings(pass_rel=0.01, fail_rel=0.05, consecutive_passes=3, deadline_s=60, max_restarts=1, ssh_retries=2)
