@@ -496,6 +496,32 @@ def compare(
     )
 
 
+def judge_alone(sample: ComparisonSample) -> tuple[Outcome, str]:
+    """A new release's sample with nothing to compare it with (the baseline was skipped): its requests must still
+    be answered. A request failing is a FAIL; when every failure is an HTTP 4xx it cannot be told from a workload
+    that does not fit the server (no baseline answered it), so that is ERROR, never marking the release bad."""
+    n = len(sample.requests)
+    failed = [i for i, r in enumerate(sample.requests) if not r.ok]
+    if not failed:
+        return Outcome.PASS, ""
+    text = f"{len(failed)} of {n} requests failed on the new release ({_examples(sample.requests, failed)})"
+    if all(sample.requests[i].client_error for i in failed):
+        return Outcome.ERROR, text + ": with no baseline, a 4xx may be the workload's (gate.compare)"
+    return Outcome.FAIL, text
+
+
+def rules_line(settings: Thresholds, *, enforce: bool) -> str:
+    """The judge's rules in words, for ``deploy --dry-run``."""
+    return (
+        f"comparison: FAIL when a request fails on the new release, fewer than {settings.min_identical:.0%} of the "
+        f"answers are identical over {settings.compare_tokens} tokens, decode is below "
+        f"{1 - settings.max_slowdown:.2f}x of the old release at p < {settings.alpha:g} (one-sided Mann-Whitney U; "
+        f"cannot decide when the load differs beyond {1 + settings.max_load_diff:g}x), or accepted drafts drop by "
+        f"more than {settings.max_accept_drop:.0%} at p < {settings.alpha:g}; "
+        + ("a FAIL rolls back (enforce: true)" if enforce else "reported only (enforce: false)")
+    )
+
+
 def _undecided(why: str, baseline: str, n: int, load: Load, doc: dict[str, float | int]) -> Comparison:
     return Comparison(
         outcome=Outcome.UNDECIDED,

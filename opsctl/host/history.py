@@ -132,6 +132,7 @@ class HistoryRecord:
     files: int | None = None  # adopt: how many files were recorded
     owner: dict[str, Any] | None = None  # lock-break: the owner record of the lock that was broken
     removed: list[str] | None = None  # cleanup: the releases it removed
+    comparison: dict[str, Any] | None = None  # deploy, restart: the comparison (opsctl/pipeline/comparison.py)
     at: str | None = None  # when it was written (UTC, by append_history); None before
 
     def as_json(self) -> dict[str, Any]:

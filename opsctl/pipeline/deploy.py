@@ -1,9 +1,11 @@
 """``deploy``: a new release onto one host, as a list of steps (docs/pipeline.md).
 
-preflight -> lock -> upload -> verify -> build -> parity -> switch -> unit -> restart -> gate -> record -> cleanup
+preflight -> lock -> upload -> verify -> build -> parity -> baseline -> switch -> unit -> restart -> gate ->
+comparison -> record -> cleanup
 
-Before ``switch`` nothing that runs has changed; ``switch``, ``unit`` and ``restart`` have undos, so a failure,
-a rejected release or a signal anywhere up to the gate's PASS brings the previous release back (runner.py)."""
+Before ``switch`` nothing that runs has changed (``baseline`` only sends the comparison workload to the running
+release); ``switch``, ``unit`` and ``restart`` have undos, so a failure, a rejected release or a signal anywhere up
+to the comparison's verdict brings the previous release back (runner.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ..release import Manifest, make_manifest, stage
 from ..ssh.session import Connect, DeployRemote, default_connect
 from ..unit import unitfile
 from . import prerestart as checks
+from .comparison import ComparisonState, baseline_step, comparison_step
 from .plan import DeployOptions, make_plan, redeploy_reason
 from .report import ParityRecorder, Reporter
 from .result import DeployResult, DeployVerdict, HistoryEvent, HistoryRecord
@@ -169,6 +172,7 @@ def _record_pass(manifest: Manifest) -> Step:
                 previous=run.previous,
                 verdict=DeployVerdict.PASS,
                 gate=run.result.gate,
+                comparison=run.result.comparison,
             )
         )
 
@@ -193,6 +197,7 @@ def _cleanup(manifest: Manifest) -> Step:
 def deploy_steps(src: Path, manifest: Manifest, command: str = "deploy") -> list[Step]:
     """``command`` names the lock's owner (``deploy``, or a fleet roll-out's wave)."""
     new = lambda run: manifest.id  # noqa: E731
+    compared = ComparisonState()  # the baseline, from before the switch, for the comparison after the gate
     return [
         _preflight(manifest),
         lock_step(lambda run: f"{command} {manifest.id}"),
@@ -202,11 +207,13 @@ def deploy_steps(src: Path, manifest: Manifest, command: str = "deploy") -> list
         _build(manifest),
         _parity(manifest),
         _store_unit(src, manifest),
+        baseline_step(compared),
         switch_step(new, undoable=True),
         unit_step(new, undoable=True),
         _staged(manifest),
         restart_step(undo=undo_restart),
-        gate_or_reject_step(),
+        gate_or_reject_step(commits=False),  # the comparison's verdict commits the run
+        comparison_step(compared, rejects=True),
         _record_pass(manifest),
         _cleanup(manifest),
     ]

@@ -13,6 +13,7 @@ from ..inventory import HostConfig
 from ..lock import hostlock
 from ..release import Manifest
 from ..unit import unitfile
+from .compareplan import comparison_plan
 
 PRE_RESTART_PARITY_STEPS = 3
 
@@ -37,6 +38,7 @@ class Plan:
     up_to_date: bool = False
     link_dest: str | None = None
     probe: tuple[str, ...] = ()  # the gate's probe plan in words (empty: no restart, so no gate)
+    comparison: tuple[str, ...] = ()  # the comparison's plan in words (pipeline/compareplan.py)
 
     def describe(self) -> list[str]:
         head = f"deploy {self.release} to {self.host} (current: {self.previous or 'none'})"
@@ -44,6 +46,7 @@ class Plan:
             head,
             *(f"  {i}. {s}" for i, s in enumerate(self.steps, 1)),
             *(f"  {p}" for p in self.probe),
+            *(f"  {c}" for c in self.comparison),
             *(f"  note: {n}" for n in self.notes),
         ]
 
@@ -131,6 +134,10 @@ def _steps(
     ]
     if not opts.skip_prerestart_parity:
         steps.append(f"pre-restart parity ({PRE_RESTART_PARITY_STEPS} replay steps, rel < {host.gate.fail_rel:g})")
+    comparing = not opts.no_restart and host.gate.compare.enabled and host.service.mode != "replay"
+    if comparing:
+        against = snap.current or "nothing"
+        steps.append(f"baseline: the comparison workload against {against} (skipped unless it is ready)")
     steps += [
         f"switch {layout.current} -> releases/{manifest.id}",
         f"install {unitfile.unit_path(host)} (daemon-reload if changed)",
@@ -141,6 +148,8 @@ def _steps(
             f"restart {host.unit}",
             f"gate: {host.gate.consecutive_passes} consecutive parity passes within {deadline:g}s, else roll back to {snap.current or 'nothing'}",
         ]
+    if comparing:
+        steps.append("comparison: the same workload against the new release, judged against the baseline")
     steps.append(f"unlock, record, keep {host.keep_releases} releases")
     return steps
 
@@ -166,4 +175,5 @@ def make_plan(
         up_to_date=refused is None and not opts.force and redeploy_reason(manifest.id, snap, history) is None,
         link_dest=link_dest,
         probe=() if opts.no_restart else tuple(plan_lines(host)),
+        comparison=tuple(comparison_plan(host, snap, no_restart=opts.no_restart)),
     )

@@ -1,6 +1,10 @@
 """``restart``: the current release restarted and gated (e.g. after a driver update). It has no undo: there is no
 "before" to go back to that would be better than what it leaves; with ``--rollback-on-fail`` a failed gate hands
-over to the rollback (opsctl.pipeline.rollback). The verdict goes to the history."""
+over to the rollback (opsctl.pipeline.rollback). The verdict goes to the history.
+
+Like a deploy it compares the release before and after the restart (opsctl/pipeline/comparison.py): the same
+release on both sides, an A/A check that must pass; a comparison FAIL is the restart's verdict (stage
+``comparison``)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from ..errors import DeployFailed
 from ..host import releaseroot
 from ..inventory import HostConfig
 from ..ssh.session import Connect, default_connect
+from .comparison import ComparisonState, baseline_step, comparison_step
 from .plan import DeployOptions
 from .report import Reporter
 from .result import DeployResult, DeployVerdict, HistoryEvent, HistoryRecord
@@ -33,7 +38,15 @@ def _record_restart() -> Step:
     def run_(run: Run) -> None:
         release = run.result.release or ""
         run.record(
-            HistoryRecord(event=HistoryEvent.RESTART, release=release, verdict=run.result.verdict, gate=run.result.gate)
+            HistoryRecord(
+                event=HistoryEvent.RESTART,
+                release=release,
+                verdict=run.result.verdict,
+                gate=run.result.gate,
+                comparison=run.result.comparison,
+                stage=run.result.stage,
+                reason=run.result.reason if run.result.stage else None,
+            )
         )
         if run.result.verdict is DeployVerdict.PASS:
             run.call(lambda r: releaseroot.set_last_good(r, run.layout, release))
@@ -42,11 +55,14 @@ def _record_restart() -> Step:
 
 
 def restart_steps(rollback_on_fail: bool) -> list[Step]:
+    compared = ComparisonState()
     steps = [
         _restart_preflight(),
         lock_step(lambda run: f"restart {run.result.release}"),
+        baseline_step(compared),
         restart_step(),
         gate_step(),
+        comparison_step(compared, rejects=False),
         _record_restart(),
     ]
     return [*steps, rollback_if_failed_step()] if rollback_on_fail else steps

@@ -45,6 +45,10 @@ class DeployResult:
     bytes_sent: int | None = None
     elapsed_s: float = 0.0
     plan: Plan | None = None
+    # The comparison with the release replaced (opsctl/pipeline/comparison.py: samples, the judge's result), or why
+    # it was skipped; and the stage a verdict other than the gate's came from ("comparison").
+    comparison: dict[str, Any] | None = None
+    stage: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -277,6 +277,7 @@ def _compensate(
                 current=current,
                 gate=gate,
                 stage=stage,
+                comparison=run.result.comparison,
             )
         )
         for step in reversed(started):

@@ -99,9 +99,10 @@ def gate_step() -> Step:
     return Step("gate", run_)
 
 
-def gate_or_reject_step() -> Step:
+def gate_or_reject_step(*, commits: bool = True) -> Step:
     """The deploy's gate: a PASS commits the run; anything else rejects the new release: the previous one comes
-    back, and the new one is marked bad unless the verdict is UNPROVEN (no verify traffic: no verdict on it)."""
+    back, and the new one is marked bad unless the verdict is UNPROVEN (no verify traffic: no verdict on it).
+    With ``commits`` false a PASS leaves the run open for a later check to reject (the comparison, deploy.py)."""
     inner = gate_step()
 
     def run_(run: Run) -> str:
@@ -117,8 +118,8 @@ def gate_or_reject_step() -> Step:
                 detail=detail,
                 config_error=gate.config_error,
             )
-        # The gate decided: a later failure is the bookkeeping's, not a reason to restore.
-        run.committed = True
+        # The gate decided: a later failure is the bookkeeping's, not a reason to restore (unless a check follows).
+        run.committed = commits
         return detail
 
     return Step("gate", run_)

@@ -1,0 +1,171 @@
+"""The comparison's steps (docs/gate.md "The comparison", docs/pipeline.md): the workload (``gate.compare``) sent to
+the running release before ``current`` is switched (the baseline), and to the new one once the gate has PASSed
+(the candidate); the two samples judged by opsctl/gate/compare.py. ``deploy`` and ``restart`` (an A/A check) list
+them.
+
+* The baseline is taken only when the comparison is enabled, the unit serves HTTP (not the replay service), a
+  restart follows (not ``--no-restart``), the unit is active and its server answers ready, and enough of the
+  baseline's requests are answered; otherwise the comparison is skipped and the report says why. A skip is never
+  a FAIL of the new release.
+* After the gate's PASS the workload runs on the new release: it is recorded (the deploy's sample, which
+  ``health --probe`` compares with later) and, with a baseline, judged; without one its requests must still be
+  answered. With ``gate.compare.enforce: false`` the verdict is only reported.
+* What a deploy's and restart's record keep, under ``comparison``: ``{"baseline_release", "outcome", "enforced",
+  "line", "reason", "result" (the judge's JSON), "baseline", "candidate" (the samples)}``, or ``{"skipped": why}``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import DeployFailed
+from ..gate.compare import Outcome, compare, judge_alone, min_pairs
+from ..gate.sample import ComparisonSample
+from ..gate.traffic import ProbeClient, serves_http
+from ..gate.workload import run_compare_workload
+from .compareplan import skip_reason
+from .result import DeployVerdict
+from .runner import Rejected, Run, Step
+
+STAGE = "comparison"
+READY_WAIT_S = 10.0  # how long the baseline waits for the running server's readiness before skipping
+
+
+@dataclass
+class ComparisonState:
+    """What the baseline step leaves for the comparison step of the same command."""
+
+    baseline: ComparisonSample | None = None
+    baseline_release: str | None = None
+    skipped: str | None = None
+
+
+def _ms_per_token(sample: ComparisonSample) -> str:
+    times = [r.decode_s_per_token for r in sample.answered if r.decode_s_per_token]
+    return f", decode {statistics.median(times) * 1000:.1f} ms/token" if times else ""
+
+
+def _failures(sample: ComparisonSample) -> str:
+    reasons = [f"HTTP {r.status}" if r.status not in (None, 200) else (r.error or "no answer") for r in sample.requests]
+    failed = [text for r, text in zip(sample.requests, reasons, strict=True) if not r.ok]
+    return "; ".join(dict.fromkeys(t[:80] for t in failed[:8]))
+
+
+def baseline_step(state: ComparisonState) -> Step:
+    """The workload against the running release, before anything that runs is changed."""
+
+    def run_(run: Run) -> str:
+        host, snap = run.host, run.snap
+        why = skip_reason(host, snap, no_restart=run.opts.no_restart)
+        sample = None
+        if why is None:
+            readiness = ProbeClient(host, lambda: run.r).ready(wait_s=READY_WAIT_S)
+            if not readiness.ready:
+                why = f"the running release is not ready ({readiness.describe(host.gate.probe.ready_path)})"
+        if why is None:
+            try:
+                sample = run_compare_workload(run.r, host, note=run.reporter.info)
+            except DeployFailed as e:
+                why = f"the workload could not run against the running release: {e.message}"
+        if sample is not None:
+            n, answered = len(sample.requests), len(sample.answered)
+            if answered < min_pairs(n):
+                why = f"the running release answered only {answered} of {n} requests ({_failures(sample)})"
+        if why is not None or sample is None:
+            state.skipped = why or "no sample"
+            run.result.comparison = {"skipped": state.skipped}
+            return f"skipped: {state.skipped}"
+        assert snap is not None and snap.current
+        state.baseline, state.baseline_release = sample, snap.current
+        return f"{snap.current}: {len(sample.answered)}/{len(sample.requests)} answered{_ms_per_token(sample)}"
+
+    return Step("baseline", run_)
+
+
+def _record(
+    state: ComparisonState, candidate: ComparisonSample, outcome: Outcome, line: str, reason: str, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "baseline_release": state.baseline_release,
+        "outcome": str(outcome),
+        "line": line,
+        "reason": reason or None,
+        "baseline": state.baseline.to_json() if state.baseline is not None else None,
+        "candidate": candidate.to_json(),
+        "skipped": state.skipped,
+        **extra,
+    }
+
+
+def judge_candidate(run: Run, state: ComparisonState) -> tuple[Outcome, str, str]:
+    """Run the workload on the new release and judge it: (outcome, reason, the line to show); the record goes to
+    ``run.result.comparison``. The workload not running at all on the new release is a FAIL."""
+    host = run.host
+    try:
+        sample = run_compare_workload(run.r, host, note=run.reporter.info)
+    except DeployFailed as e:
+        reason = f"the comparison workload could not run on the new release: {e.message}"
+        run.result.comparison = {"baseline_release": state.baseline_release, "outcome": "FAIL", "reason": reason}
+        return Outcome.FAIL, reason, reason
+    enforced = host.gate.compare.enforce
+    if state.baseline is None:
+        outcome, reason = judge_alone(sample)
+        line = (
+            f"not compared ({state.skipped}); the new release's sample recorded: "
+            f"{len(sample.answered)}/{len(sample.requests)} answered{_ms_per_token(sample)}"
+        )
+        run.result.comparison = _record(state, sample, outcome, line, reason, enforced=enforced)
+        return outcome, reason, line
+    result = compare(state.baseline, sample, host.gate.compare, baseline=state.baseline_release or "the baseline")
+    run.result.comparison = _record(
+        state, sample, result.outcome, result.line(), result.reason, enforced=enforced, result=result.to_json()
+    )
+    return result.outcome, result.reason, result.line()
+
+
+_VERDICT = {Outcome.FAIL: DeployVerdict.FAIL, Outcome.ERROR: DeployVerdict.ERROR}
+
+
+def comparison_step(state: ComparisonState, *, rejects: bool) -> Step:
+    """After the gate's PASS: the new release's sample, judged against the baseline. ``rejects`` (deploy): a FAIL
+    or ERROR rejects the release (rolled back; ERROR does not mark it bad), and a verdict that stands commits the
+    run; otherwise (restart) it becomes the command's verdict."""
+
+    def run_(run: Run) -> str:
+        host = run.host
+        if not host.gate.compare.enabled or not serves_http(host):
+            if rejects:
+                run.committed = True
+            return f"skipped: {state.skipped}" if state.skipped else "skipped"
+        outcome, reason, line = judge_candidate(run, state)
+        detail = f"{outcome}: {line}"
+        # A restart compares the release with itself: a 4xx on both sides (ERROR) is the workload's, never the
+        # release's, so there only a FAIL becomes the verdict.
+        if outcome in _VERDICT and host.gate.compare.enforce and (rejects or outcome is Outcome.FAIL):
+            verdict = _VERDICT[outcome]
+            run.result.stage = STAGE
+            if rejects:
+                rejection = Rejected(
+                    verdict,
+                    f"comparison: {reason}",
+                    record_reason=f"comparison {outcome}: {reason}",
+                    gate=run.result.gate,
+                    stage=STAGE,
+                    detail=detail,
+                )
+                # ERROR (4xx on both sides) is the workload's: rolled back, the release not marked bad.
+                rejection.config_error = outcome is Outcome.ERROR
+                raise rejection
+            run.conclude(verdict, f"comparison: {reason}")
+            return detail
+        if outcome in _VERDICT:
+            why = "not enforced (gate.compare.enforce: false)" if not host.gate.compare.enforce else "not the release's"
+            run.reporter.info(f"comparison {outcome} {why}: {reason}")
+            detail = f"{outcome} ({why}): {line}"
+        if rejects:
+            run.committed = True
+        return detail
+
+    return Step(STAGE, run_, when=lambda run: run.result.verdict is DeployVerdict.PASS or rejects)
