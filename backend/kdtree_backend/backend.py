@@ -6,7 +6,11 @@ Overrides, all calling the upstream method first or instead only for verify:
   * ``init_forward_metadata`` (eager) / ``init_forward_metadata_out_graph`` (CUDA-graph capture and replay):
     after upstream has built its metadata, marshal it for the kernel (:mod:`kdtree_backend.marshal`);
   * ``forward_extend``: for a verify layer the kernel can serve, mark the layer and let upstream run (it saves
-    the draft K/V to the pool first, as SGLang requires);
+    the draft K/V to the pool first, as SGLang requires). A caller that wrote the drafts' K/V into the pool
+    itself passes ``k = v = None`` (``save_kv_cache=False``; SGLang's own MLA attention kit does): that call is
+    served too, since upstream then reads the drafts back from the pool at ``out_cache_loc`` for its reference
+    and the kernel reads every key, drafts included, from the pool (docs/sglang-verify.md, "Who writes the
+    drafts");
   * ``_forward_extend_kernel``: upstream's single call site of ``extend_attention_fwd``; for the marked layer
     the kernel runs instead, and parity runs upstream's call on the same arguments into a scratch buffer.
 Anything else (prefill extend, decode, draft extend, unsupported verify) is upstream Triton unchanged.
@@ -23,7 +27,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from .config import load_config
 from .engine import VerifyEngine
 from .lines import OncePer, ParityIdentity, format_fallback
-from .routing import call_fallback_reason, layer_fallback_reason, static_fallback_reason
+from .routing import call_fallback_reason, kernel_max_q_len, layer_fallback_reason, static_fallback_reason
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -47,6 +51,7 @@ class KdtreeAttnBackend(TritonAttnBackend):
         self._kdtree_fallback = OncePer()
         self._kdtree_layer_reason: dict[int, str | None] = {}
         self._kdtree_layer: Any = None
+        self._kdtree_step_reason: str | None = None  # why this step's verify is not ours (set by _kdtree_prepare)
         self._kdtree_extend_signature = inspect.signature(self.extend_attention_fwd)
         reason = None
         if skip_prefill:
@@ -95,13 +100,34 @@ class KdtreeAttnBackend(TritonAttnBackend):
             self._kdtree_note_fallback(reason)
         return reason is None
 
+    def _kdtree_step_width(self, forward_batch: ForwardBatch) -> int:
+        """This step's draft tokens per request, by upstream's own rule (``spec_info.num_tokens_per_req``, or the
+        capture width where that is not positive): it may differ from the width at start (adaptive speculation,
+        or a runner whose static width is 1, as the attention kit's mock runner, whose spec algorithm is NONE)."""
+        return int(self._target_verify_num_tokens_per_req(getattr(forward_batch, "spec_info", None)))
+
     def _kdtree_prepare(self, forward_batch: ForwardBatch, *, graph: bool, capture: bool = False) -> None:
         engine = self.kdtree_engine
         assert engine is not None
         metadata = self.forward_metadata
+        self._kdtree_step_reason = None
         if metadata is None or metadata.custom_mask is None:
             engine.meta = None
+            self._kdtree_step_reason = "no_custom_mask"
             return
+        width = self._kdtree_step_width(forward_batch)
+        if width != engine.q_len:
+            buffers = engine.graph
+            if graph and buffers is not None:
+                # The captured buffers are sized for the width they were allocated with: never serve another.
+                engine.meta = None
+                self._kdtree_step_reason = "q_len_changed"
+                return
+            if not 1 <= width <= kernel_max_q_len():
+                engine.meta = None
+                self._kdtree_step_reason = "q_len_out_of_range"
+                return
+            engine.q_len = width  # eager: the engine marshals and launches per step, at the step's width
         seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
         bs = len(forward_batch.req_pool_indices)
         engine.prepare(
@@ -132,6 +158,11 @@ class KdtreeAttnBackend(TritonAttnBackend):
         engine = self.kdtree_engine
         if engine is None:
             return
+        # The graphs are captured at max_num_tokens // max_bs tokens per request (SGLang's capture width for
+        # target verify); size the buffers for that width, not the one seen at start.
+        width = max_num_tokens // max_bs if max_bs else 0
+        if width != engine.q_len and max_num_tokens == width * max_bs and 1 <= width <= kernel_max_q_len():
+            engine.q_len = width
         import kdtree_kernel
 
         key_buffer = self.token_to_kv_pool.get_key_buffer(self.token_to_kv_pool.start_layer)
@@ -139,7 +170,7 @@ class KdtreeAttnBackend(TritonAttnBackend):
         workspace_size = getattr(kdtree_kernel, "workspace_size", None)
         workspace = (
             int(workspace_size(max_bs, engine.q_len, engine.heads, self.max_context_len, self.device, fp8=fp8))
-            if workspace_size is not None
+            if workspace_size is not None and engine.use_kernel  # the reference path (CPU tests) needs none
             else 0
         )
         engine.allocate_graph_buffers(
@@ -184,7 +215,7 @@ class KdtreeAttnBackend(TritonAttnBackend):
         if ours:
             reason = call_fallback_reason(k, v, sinks, score_mod, aux_tensors)
             if reason is None and (engine is None or engine.meta is None):
-                reason = "no_custom_mask"
+                reason = self._kdtree_step_reason or "no_custom_mask"
             if reason is not None:
                 self._kdtree_note_fallback(reason)
                 ours = False

@@ -16,7 +16,7 @@ DEFAULT_MAX_Q_LEN = 128
 KV_DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
 
 
-def _kernel_max_q_len() -> int:
+def kernel_max_q_len() -> int:
     try:
         from kdtree_kernel.plan import MAX_Q_LEN
     except ImportError:
@@ -52,7 +52,7 @@ def static_fallback_reason(
         return "sliding_window"
     if deterministic:
         return "deterministic_inference"
-    if not 1 <= q_len <= _kernel_max_q_len():
+    if not 1 <= q_len <= kernel_max_q_len():
         return "q_len_out_of_range"
     usable, reason = kernel_usable(device)
     return None if usable else reason
@@ -75,10 +75,14 @@ def layer_fallback_reason(layer: Any) -> str | None:
 
 
 def call_fallback_reason(k: Any, v: Any, sinks: Any, score_mod: Any, aux_tensors: Any) -> str | None:
+    """Why the kernel cannot serve this verify call (None: it can). ``k = v = None`` is served: the caller wrote
+    the drafts' K/V into the pool itself (``save_kv_cache=False``, as SGLang's attention kit does), upstream
+    reads them back at ``out_cache_loc``, and the kernel reads every key from the pool anyway. One of the two
+    alone is a malformed call (upstream raises on it)."""
     if sinks is not None:
         return "attention_sinks"
     if score_mod is not None or aux_tensors is not None:
         return "score_mod"
-    if k is None or v is None:
+    if (k is None) != (v is None):
         return "kv_not_passed"
     return None

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session: unpack the sglang wheel, build the extension for the GPU it finds (sm_90 on the H200),
-# run the GPU tests and the benchmark. Usage (repo root): bash kernel/bench/run_device.sh [build] [kernel-tests] [bench] [all-tests]
+# run the GPU tests and the benchmark. Usage (repo root): bash kernel/bench/run_device.sh [build] [kernel-tests] [bench] [all-tests] [sglang-kit] ...
 # Logs land in $OUT (or /tmp/kdtree-out); the bench stage's results in kernel/bench/results/<tag>/ (and $OUT).
 set -uo pipefail
 OUT=${OUT:-/tmp/kdtree-out}
@@ -127,6 +127,14 @@ for stage in $stages; do
       done
       python3 kernel/bench/ab_kernel.py --summarize "$OUT/ab.jsonl" | tee "$OUT/ab.md"
       ;;
+    sglang-kit)
+      # SGLang 0.5.23's own MLA target-verify kit with backend kdtree, eager and through its CUDA-graph runner, and
+      # the classic bug fed through it (tests/backend/test_sglang_kit_gpu.py). Needs the build stage's extension
+      # and .whl/ (the sglang wheel and the kit's light wheels: README.md). Per-case results: $OUT/sglang-kit.jsonl.
+      rm -f "$OUT/sglang-kit.jsonl"
+      KDTREE_KIT_RESULTS="$OUT/sglang-kit.jsonl" timeout 570 python3 -m pytest -m gpu tests/backend/test_sglang_kit_gpu.py \
+        -v -rA --noconftest -p no:cacheprovider --timeout 560 2>&1 | tee "$OUT/sglang-kit.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|stubs installed|Error" | tail -80
+      [ "${PIPESTATUS[0]}" = 0 ] || exit 17 ;;
     all-tests)
       python3 -m pytest -m gpu tests/ -v --timeout 300 2>&1 | tee "$OUT/gpu-tests-$TAG.log" | tail -25 ;;
   esac

@@ -114,6 +114,7 @@ def backend_forward_check() -> dict[str, Any]:
         use_verify_splitkv=False,
         dllm_attention=None,
         page_size=1,
+        target_verify_num_tokens_per_req=9,  # upstream's verify width (the step's spec_info may override it)
         extend_attention_fwd=extend_attention_emulated,
         kdtree_engine=VerifyEngine(
             q_len=9, heads=8, parity=ParityConfig(True, 1, (1,)), use_kernel=False, sink=lines.append

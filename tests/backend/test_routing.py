@@ -71,4 +71,6 @@ def test_call_reasons() -> None:
     assert call_fallback_reason(k, k, None, None, None) is None
     assert call_fallback_reason(k, k, k, None, None) == "attention_sinks"
     assert call_fallback_reason(k, k, None, object(), None) == "score_mod"
-    assert call_fallback_reason(None, None, None, None, None) == "kv_not_passed"
+    assert call_fallback_reason(None, None, None, None, None) is None  # drafts written to the pool by the caller
+    assert call_fallback_reason(k, None, None, None, None) == "kv_not_passed"
+    assert call_fallback_reason(None, k, None, None, None) == "kv_not_passed"

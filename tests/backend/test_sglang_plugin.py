@@ -1,5 +1,7 @@
 """The plugin against the real SGLang 0.5.23 installed here (CPU): loading through SGLang's own plugin loader,
-``kdtree`` as a valid backend choice, upstream signatures, and upstream's forward_extend around our hooks.
+``kdtree`` as a valid backend choice, upstream signatures, upstream's forward_extend around our hooks, and SGLang's
+own MLA target-verify test kit run with backend kdtree (its metadata and invariants, our marshaling, the kernel's
+torch reference; tests/backend/sglang_kit.py).
 
 The checks run in one subprocess (tests/backend/sglang_probe.py): importing SGLang has process-wide effects.
 Install for these tests (CI does):
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -18,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.backend.helpers import PYTHON, REPO
+from tests.backend import sglang_kit as kit
+from tests.backend.helpers import PYTHON, REPO, buggy_release
 
 PROBE = Path(__file__).resolve().parent / "sglang_probe.py"
 INSTALL_HINT = (
@@ -82,13 +86,52 @@ def test_verify_through_upstream_forward_extend(probe: dict[str, Any]) -> None:
     assert forward["capped_rel"] < 1e-2
 
 
-def test_mla_target_verify_kit_needs_cuda() -> None:
-    spec = importlib.util.find_spec("sglang")  # locates the package without importing it
-    assert spec is not None and spec.submodule_search_locations
-    kit = Path(next(iter(spec.submodule_search_locations))) / "test/kits/attention_unittest/attention_methods"
-    source = (kit / "mla_attention.py").read_text()
-    assert re.search(r'^DEFAULT_DEVICE = "cuda"', source, re.M), "the kit grew a CPU default: run it here"
-    pytest.skip(
-        "SGLang's MLA target-verify kit (run_mla_eagle_verify_case) builds TritonAttnBackend on a CUDA "
-        "MockMLAModelRunner and runs SGLang's Triton prefix kernels: it needs CUDA and the full SGLang runtime"
-    )
+@pytest.fixture(scope="module")
+def kit_cpu(tmp_path_factory: pytest.TempPathFactory) -> dict[Any, Any]:
+    return _run_kit_on_cpu(tmp_path_factory.mktemp("kit"), list(kit.CPU_CASES))
+
+
+@pytest.fixture(scope="module")
+def kit_cpu_bug(tmp_path_factory: pytest.TempPathFactory) -> dict[Any, Any]:
+    tmp = tmp_path_factory.mktemp("kit-bug")
+    root = buggy_release("drafts", tmp)
+    results = _run_kit_on_cpu(tmp, list(kit.CPU_BUG_CASES), backend_root=root)
+    assert results["header"]["kdtree_backend"] == str(root / "backend" / "kdtree_backend")  # the buggy copy ran
+    return results
+
+
+def _run_kit_on_cpu(tmp: Path, cases: list[str], backend_root: Path | None = None) -> dict[Any, Any]:
+    if importlib.util.find_spec("triton") is None:
+        pytest.fail("triton is missing (the backend-cpu extra): the kit's metadata kernels run in its interpreter")
+    out = tmp / "kit.jsonl"
+    cmd = kit.driver_command(PYTHON, device="cpu", cases=cases, backends="kdtree", out=out)
+    env = kit.driver_env(dict(os.environ), device="cpu", backend_root=backend_root)
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, f"the kit driver failed:\n{res.stderr[-4000:]}"
+    return kit.read_results(out)
+
+
+@pytest.mark.parametrize("name", kit.CPU_CASES)
+def test_mla_target_verify_kit_passes_through_our_marshaling_on_cpu(kit_cpu: dict[Any, Any], name: str) -> None:
+    """SGLang's own MLA verify kit (tests/backend/sglang_kit.py) with backend kdtree on CPU: SGLang's metadata
+    (its Triton index kernels, in Triton's interpreter), the kit's k = v = None call served (no fallback),
+    our marshaling, and the kernel's torch reference in the kernel's place; the kit's assert_close and, for the
+    CUDA-graph runner, its metadata invariants after the padded replay init. The CUDA kernel itself, parity and
+    the rest of the cases: tests/backend/test_sglang_kit_gpu.py on the GPU machine."""
+    case = kit.CASES_BY_NAME[name]
+    result = kit_cpu[(name, "kdtree")]
+    assert result["kit"] == "pass", result.get("traceback") or result["kit"]
+    assert [line for line in result["lines"] if "fallback" in line] == []
+    calls = [{"bs": call["bs"], "key_lens": call["key_lens"]} for call in result["kernel_calls"]]
+    assert calls == kit.expected_kernel_calls(case, replayed=True)
+    assert set(result["stub_calls"]) <= set(kit.ANSWERS)
+    assert set(kit_cpu["header"]["stubs_installed"]) <= set(kit.STUBS)
+
+
+@pytest.mark.parametrize("name", kit.CPU_BUG_CASES)
+def test_mla_target_verify_kit_catches_the_classic_bug_on_cpu(kit_cpu_bug: dict[Any, Any], name: str) -> None:
+    """The seeds' bug (drafts left out of the keys: marshal.py's tagged line made ``pass``, as ``opsctl testbed
+    variant seed-bug`` does) fails SGLang's own kit, not only our harness."""
+    result = kit_cpu_bug[(name, "kdtree")]
+    assert result["kit"].startswith("fail: Tensor-likes are not close"), result.get("traceback") or result["kit"]
+    assert result["kernel_calls"][0]["key_lens"] == list(kit.CASES_BY_NAME[name].prefix_lens)  # no drafts
