@@ -147,17 +147,16 @@ def comparison_step(state: ComparisonState, *, rejects: bool) -> Step:
             verdict = _VERDICT[outcome]
             run.result.stage = STAGE
             if rejects:
-                rejection = Rejected(
+                raise Rejected(
                     verdict,
                     f"comparison: {reason}",
                     record_reason=f"comparison {outcome}: {reason}",
                     gate=run.result.gate,
                     stage=STAGE,
                     detail=detail,
+                    # ERROR (4xx on both sides) is the workload's: rolled back, the release not marked bad.
+                    config_error=outcome is Outcome.ERROR,
                 )
-                # ERROR (4xx on both sides) is the workload's: rolled back, the release not marked bad.
-                rejection.config_error = outcome is Outcome.ERROR
-                raise rejection
             run.conclude(verdict, f"comparison: {reason}")
             return detail
         if outcome in _VERDICT:
