@@ -99,6 +99,13 @@ def _alert_command(value: str) -> str:
     return value
 
 
+def redacted_command(value: str) -> str:
+    """An alert command as every output shows it: its program only (its arguments often carry a token or a
+    webhook URL, and `hosts --json` output ends up in tickets and logs)."""
+    words = shlex.split(value)
+    return words[0] + (" ... (arguments redacted)" if len(words) > 1 else "") if words else ""
+
+
 def safe_name(value: str) -> str:
     if not NAME_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a safe name (letters, digits, '_', '.', '-'; max 63)")

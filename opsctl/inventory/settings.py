@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from ..errors import UsageError
 from .fields import (
@@ -23,6 +23,7 @@ from .fields import (
     UnitName,
     Webhook,
     no_control_characters,
+    redacted_command,
 )
 
 
@@ -261,6 +262,10 @@ class HealthSettings(Strict):
     # `health --probe`: WARN when the running release's decode speed (or accepted drafts) drifted more than this
     # fraction from the sample recorded when it was deployed (docs/gate.md "Health checks").
     max_drift: float = Field(0.2, gt=0, lt=1, strict=True)
+
+    @field_serializer("alert_command", when_used="json")
+    def _redacted(self, value: str | None) -> str | None:
+        return None if value is None else redacted_command(value)
 
 
 class HostConfig(Strict):
