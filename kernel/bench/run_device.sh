@@ -130,9 +130,10 @@ for stage in $stages; do
     sglang-kit)
       # SGLang 0.5.23's own MLA target-verify kit with backend kdtree, eager and through its CUDA-graph runner, and
       # the classic bug fed through it (tests/backend/test_sglang_kit_gpu.py). Needs the build stage's extension
-      # and .whl/ (the sglang wheel and the kit's light wheels: README.md). Per-case results: $OUT/sglang-kit.jsonl.
-      rm -f "$OUT/sglang-kit.jsonl"
-      KDTREE_KIT_RESULTS="$OUT/sglang-kit.jsonl" timeout 570 python3 -m pytest -m gpu tests/backend/test_sglang_kit_gpu.py \
+      # and .whl/ (the sglang wheel and the kit's light wheels: README.md). Per-case results, written case by case:
+      # $OUT/sglang-kit.jsonl (kdtree and triton) and $OUT/sglang-kit-bug.jsonl (the classic bug).
+      rm -f "$OUT"/sglang-kit*.jsonl
+      KDTREE_KIT_RESULTS="$OUT" timeout "${KIT_TIMEOUT:-570}" python3 -m pytest -m gpu tests/backend/test_sglang_kit_gpu.py \
         -v -rA --noconftest -p no:cacheprovider --timeout 560 2>&1 | tee "$OUT/sglang-kit.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|stubs installed|Error" | tail -80
       [ "${PIPESTATUS[0]}" = 0 ] || exit 17 ;;
     all-tests)

@@ -49,7 +49,7 @@ from tests.backend.helpers import PYTHON, REPO, buggy_release
 from tests.gpu_helpers import NEEDS_CUDA, require_kernel
 
 pytestmark = list(NEEDS_CUDA)
-RESULTS_ENV = "KDTREE_KIT_RESULTS"  # where run_device.sh wants the raw results (JSON lines), to bring them back
+RESULTS_ENV = "KDTREE_KIT_RESULTS"  # a folder for the raw results (JSON lines): run_device.sh's $OUT
 SGLANG_MISSING = (
     "sglang 0.5.23 is not importable: kernel/bench/run_device.sh unpacks the carried wheels (.whl/) into "
     "/tmp/site and puts it on PYTHONPATH"
@@ -76,16 +76,15 @@ def run_driver(tmp: Path, *, cases: list[str], backends: str, backend_root: Path
     if importlib.util.find_spec("sglang") is None:
         pytest.skip(SGLANG_MISSING)
     require_kernel()
-    out = tmp / "kit.jsonl"
+    # Straight into run_device.sh's $OUT when it asks (written case by case: a run cut short still brings back
+    # what it did), else a temporary folder.
+    folder = Path(os.environ.get(RESULTS_ENV) or tmp)
+    out = folder / ("sglang-kit-bug.jsonl" if backend_root else "sglang-kit.jsonl")
     cmd = kit.driver_command(PYTHON, device="cuda", cases=cases, backends=backends, out=out)
     env = kit.driver_env(dict(os.environ), device="cuda", backend_root=backend_root)
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     sys.stderr.write(res.stderr[-6000:])
     assert res.returncode == 0, f"the kit driver failed:\n{res.stderr[-4000:]}"
-    target = os.environ.get(RESULTS_ENV)
-    if target:
-        with open(target, "a") as f:
-            f.write(out.read_text())
     return kit.read_results(out)
 
 
