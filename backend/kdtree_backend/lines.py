@@ -1,4 +1,4 @@
-"""The ``[kdtree]`` stdout lines (docs/lines.md): formatting (pure) and emission (print + flush).
+"""The ``[kdtree]`` stdout lines (docs/lines.md): formatting (pure) and emission (one write of the whole line).
 
 Every parity line names the TP rank that computed it (``tp=``) and carries the token of this invocation
 (``token=``, from ``$KDTREE_PARITY_TOKEN``, which opsctl writes fresh before each restart): the deploy gate counts
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TextIO
 
 from .wire import MARKER, PARITY_TOKEN_VAR, TOKEN_RE
 
@@ -70,9 +72,47 @@ def format_fallback(reason: str, **extra: object) -> str:
     return f"{MARKER} fallback reason={reason}" + "".join(f" {key}={value}" for key, value in extra.items())
 
 
+# One line at a time from this process's threads; re-entrant because a signal handler (the services' SIGTERM
+# line) runs in the main thread, possibly while that thread is inside write_line.
+_WRITE_LOCK = threading.RLock()
+
+
+def _fileno(stream: TextIO) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return None
+
+
+def write_line(line: str, *, stderr: bool = False) -> None:
+    """``line`` and its newline as ONE write to stdout (or stderr), under a process-wide lock.
+
+    ``print(line)`` writes the text and the newline separately (two syscalls when unbuffered), so another
+    thread's line could land between them and journald would see two messages glued into one (issue 36: a
+    ``served rid=...`` line carrying a parity line). Here the whole line goes out in one ``os.write`` on the
+    stream's file descriptor; no thread of this process writes in between, and a write of at most PIPE_BUF
+    (4096) bytes to a pipe is not interleaved with other processes' writes either. Text already buffered in
+    ``sys.stdout`` is flushed first, so the order of lines is kept. A stream with no file descriptor (a test's
+    capture) gets the whole line in one ``write`` call."""
+    stream = sys.stderr if stderr else sys.stdout
+    line = line.replace("\r", "\\r").replace("\n", "\\n")  # one line stays one line (a logged rid, say)
+    data = (line + "\n").encode("utf-8", "backslashreplace")
+    with _WRITE_LOCK:
+        stream.flush()
+        fd = _fileno(stream)
+        if fd is None:
+            stream.write(line + "\n")
+            stream.flush()
+            return
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+
 def emit(line: str) -> None:
-    """stdout (journald under systemd), flushed at once so that the deploy gate sees it without delay."""
-    print(line, file=sys.stdout, flush=True)
+    """A ``[kdtree]`` line to stdout (journald under systemd): one write of the whole line with its newline, at
+    once, so that the deploy gate sees it without delay and whole (:func:`write_line`)."""
+    write_line(line)
 
 
 class OncePer:

@@ -26,11 +26,11 @@ from types import FrameType
 
 import torch
 
-from .batch import dense_verify_attention, make_verify_batch
+from .batch import VerifyBatch, dense_verify_attention, make_verify_batch
 from .capture import Capturer
 from .config import ConfigError, ReplayConfig, load_config
-from .lines import OncePer, ParityIdentity, emit, format_fallback, format_parity
-from .verify import attend, kernel_usable, marshal_verify, parity_stats, shapes_line, shapes_signature
+from .lines import OncePer, ParityIdentity, emit, format_fallback, format_parity, write_line
+from .verify import VerifyMetadata, attend, kernel_usable, marshal_verify, parity_stats, shapes_line, shapes_signature
 from .wire import REPLAY_EXIT_OK, REPLAY_EXIT_PARITY_FAILED, REPLAY_EXIT_USAGE
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -225,32 +225,55 @@ class ReplayService:
         meta = marshal_verify(
             batch.kv_indptr, batch.kv_indices, batch.out_cache_loc, batch.custom_mask, batch.mask_indptr, s.q_len
         )
+        capturing = self.begin_capture(index, identity, batch, meta)
+        for layer in s.layers:
+            self.verify_layer(identity, batch, meta, layer, parity=layer in parity_layers, capturing=capturing)
+
+    def begin_capture(self, index: int, identity: ParityIdentity, batch: VerifyBatch, meta: VerifyMetadata) -> bool:
+        """Whether rank ``identity.tp`` captures verify step ``index`` (armed, and the capture wants it)."""
         capturer = self.capturers[identity.tp]
-        capturing = capturer.armed() and capturer.begin_step(
+        return capturer.armed() and capturer.begin_step(
             step=index, kv_indptr=batch.kv_indptr, kv_indices=batch.kv_indices, out_cache_loc=batch.out_cache_loc,
             custom_mask=batch.custom_mask, mask_indptr=batch.mask_indptr, qo_indptr=batch.qo_indptr,
-            key_indptr=meta.key_indptr, keys=meta.keys, draft_mask=meta.draft_mask, bs=s.bs, q_len=s.q_len,
+            key_indptr=meta.key_indptr, keys=meta.keys, draft_mask=meta.draft_mask, bs=batch.bs, q_len=batch.q_len,
         )  # fmt: skip
-        for layer in s.layers:
-            q, kv_buffer = batch.q[layer], batch.kv_buffers[layer]
-            out = attend(q, kv_buffer, meta, batch.qo_indptr, batch.sm_scale, use_kernel=self.use_kernel)
-            if capturing and capturer.wants(layer):
-                capturer.record(layer, q, kv_buffer, out, batch.sm_scale)
-            signature = shapes_signature(q, kv_buffer, s.bs, s.q_len, batch.sm_scale)
-            self.shapes_once(
-                signature,
-                lambda q=q, kv=kv_buffer: shapes_line(q, kv, meta, s.bs, int(batch.mask_indptr[-1]), batch.sm_scale),
-            )
-            if layer in parity_layers:
-                stats = parity_stats(out, dense_verify_attention(batch, layer))
-                if self.parity_filter is not None:
-                    filtered = self.parity_filter(identity.tp, stats)
-                    if filtered is None:
-                        continue
-                    stats = filtered
+
+    def verify_layer(
+        self,
+        identity: ParityIdentity,
+        batch: VerifyBatch,
+        meta: VerifyMetadata,
+        layer: int,
+        *,
+        parity: bool,
+        capturing: bool = False,
+        reference: VerifyBatch | None = None,
+    ) -> torch.Tensor:
+        """One layer's verify attention on one rank through the backend's path (``batch.q[layer]`` over
+        ``batch.kv_buffers[layer]``, marshaled as ``meta``): its output ``[T, H, Dl]``, the shapes line once per
+        signature and, with ``parity``, the parity line against the independent dense attention (over
+        ``reference`` when given: the same step in a smaller pool). The stand-in server's model calls this once
+        per layer and rank of each decode step."""
+        q, kv_buffer = batch.q[layer], batch.kv_buffers[layer]
+        out = attend(q, kv_buffer, meta, batch.qo_indptr, batch.sm_scale, use_kernel=self.use_kernel)
+        capturer = self.capturers[identity.tp]
+        if capturing and capturer.wants(layer):
+            capturer.record(layer, q, kv_buffer, out, batch.sm_scale)
+        signature = shapes_signature(q, kv_buffer, batch.bs, batch.q_len, batch.sm_scale)
+        self.shapes_once(
+            signature,
+            lambda: shapes_line(q, kv_buffer, meta, batch.bs, int(batch.mask_indptr[-1]), batch.sm_scale),
+        )
+        if parity:
+            dense = dense_verify_attention(batch if reference is None else reference, layer)
+            stats: tuple[float, float, float] | None = parity_stats(out, dense)
+            if self.parity_filter is not None:
+                stats = self.parity_filter(identity.tp, stats)
+            if stats is not None:
                 max_abs, mean, rel = stats
                 self.sink(format_parity(layer, max_abs, mean, rel, identity))
                 self._record(rel)
+        return out
 
     def _record(self, rel: float) -> None:
         outcome = self.outcome
@@ -268,11 +291,10 @@ def run(settings: ReplaySettings, stop: threading.Event) -> ReplayOutcome:
     usable, reason = kernel_usable(device)
     if not usable:
         emit(format_fallback(reason, path="reference", device=device.type))
-    print(
+    write_line(
         f"kdtree-replay: started device={device} path={'kernel' if usable else 'reference'} bs={settings.bs} "
         f"prefix={settings.prefix} q_len={settings.q_len} H={settings.heads} layers={list(settings.layers)} "
-        f"steps={settings.steps or 'forever'}",
-        flush=True,
+        f"steps={settings.steps or 'forever'}"
     )
     service = ReplayService(settings, device, use_kernel=usable)
     index = 0
@@ -291,7 +313,7 @@ def stop_on_signals(prefix: str) -> threading.Event:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        print(f"{prefix} {signal.Signals(signum).name} received, stopping", flush=True)
+        write_line(f"{prefix} {signal.Signals(signum).name} received, stopping")
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -303,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config()
     except ConfigError as exc:
-        print(f"kdtree-replay: bad configuration: {exc}", file=sys.stderr, flush=True)
+        write_line(f"kdtree-replay: bad configuration: {exc}", stderr=True)
         return REPLAY_EXIT_USAGE
     args = build_parser(config.replay).parse_args(argv)
     if args.captures is not None:
@@ -312,12 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return run_cli(args.captures, resolve_device(args.device), args.threshold)
         except ValueError as exc:
-            print(f"kdtree-replay: {exc}", file=sys.stderr, flush=True)
+            write_line(f"kdtree-replay: {exc}", stderr=True)
             return REPLAY_EXIT_USAGE
     try:
         settings = settings_from_args(args)
     except ValueError as exc:
-        print(f"kdtree-replay: {exc}", file=sys.stderr, flush=True)
+        write_line(f"kdtree-replay: {exc}", stderr=True)
         return REPLAY_EXIT_USAGE
 
     stop = stop_on_signals("kdtree-replay:")
@@ -325,17 +347,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         outcome = run(settings, stop)
     except ValueError as exc:
-        print(f"kdtree-replay: {exc}", file=sys.stderr, flush=True)
+        write_line(f"kdtree-replay: {exc}", stderr=True)
         return REPLAY_EXIT_USAGE
     if stop.is_set():  # a service stopped by SIGTERM is fine; an interrupted parity check is not a pass
         code = REPLAY_EXIT_OK if settings.threshold is None else REPLAY_EXIT_PARITY_FAILED
     else:
         code = verdict_exit_code(outcome, settings.threshold)
-    print(
+    write_line(
         f"kdtree-replay: stopped steps={outcome.steps_done} parity_lines={outcome.parity_lines} "
         f"worst_rel={outcome.worst_rel:.4e} threshold={settings.threshold} exit={code} "
-        f"elapsed_s={time.monotonic() - started:.1f}",
-        flush=True,
+        f"elapsed_s={time.monotonic() - started:.1f}"
     )
     return code
 

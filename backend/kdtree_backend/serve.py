@@ -5,16 +5,25 @@ backend's real verify path on CPU and print the server's ``[kdtree]`` lines (doc
         [--load-delay 3] [--host 127.0.0.1]
 
 * ``/health`` and ``/ready`` answer 503 until the model-load delay has passed, then 200.
-* ``/generate``, ``/v1/completions`` (plain and streamed) and ``/health_generate`` run one decode step per new
-  token; each step is one verify call per TP rank through :class:`kdtree_backend.replay.ReplayService` (the
-  marshaling of ``marshal.py``, the reference attention, the independent dense check), and parity is sampled as
-  the real backend samples it (``parity.burst_steps`` after the start, then ``parity.every_n_steps``).
-  One scheduler lock serves the steps of all requests in turn, so the step count is global, as in the server.
+* ``/generate``, ``/v1/completions`` (plain and streamed) and ``/health_generate`` decode by tree speculative
+  decoding (:mod:`kdtree_backend.specdecode`): a tiny seeded model whose attention is the backend's verify path,
+  an n-gram drafter, greedy acceptance. Each verify step is one verify call per layer and TP rank through
+  :meth:`kdtree_backend.replay.ReplayService.verify_layer` (SGLang-shaped metadata, ``marshal.py``, the reference
+  attention; on sampled steps the independent dense check and a parity line), sampled as the real backend samples
+  (``parity.burst_steps`` after the start, then ``parity.every_n_steps``). ``meta_info`` carries
+  ``completion_tokens``, ``spec_verify_ct`` (verify steps), ``spec_accept_length`` (completion_tokens /
+  spec_verify_ct) and ``e2e_latency`` as SGLang 0.5.23's. One scheduler lock serves the steps of all requests in
+  turn, so the step count is global, as in the server.
+* ``/metrics``: Prometheus text with SGLang's names (``sglang:num_running_reqs`` ...), no API key needed.
 * Idle it prints nothing; there is no timer.
 * ``$SGLANG_API_KEY`` (``--api-key-env``), when set, is required as ``Authorization: Bearer`` on every endpoint
-  but ``/health``, as SGLang's ``--api-key`` does.
+  but ``/health`` and ``/metrics``, as SGLang's ``--api-key`` does.
+* Every line it prints is one write of the whole line (:func:`kdtree_backend.lines.write_line`): a served-request
+  line and a parity line from another thread never reach journald glued into one message.
 * ``standin.fault`` in deploy/kdtree.json injects a failure: nan, rel-offset:X, silent-rank:R, crash-at-load,
-  http-500. ``standin.load_delay_s`` is the load delay (``--load-delay`` wins).
+  http-500, slow:F (every verify step F times as long), common-mode (a wrong ``sm_scale`` in the verify metadata,
+  read by the kernel path and the reference alike: parity passes, the answers change). ``standin.load_delay_s``
+  is the load delay (``--load-delay`` wins).
 """
 
 from __future__ import annotations
@@ -34,8 +43,11 @@ from typing import Any
 import torch
 
 from .config import ConfigError, KdtreeConfig, ParityConfig, StandinFault, load_config
-from .lines import OncePer, format_fallback
-from .replay import ReplayService, ReplaySettings, resolve_device, stop_on_signals
+from .lines import OncePer, format_fallback, write_line
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import LoadCounters
+from .replay import DTYPES, ReplayService, ReplaySettings, resolve_device, stop_on_signals
+from .specdecode import CONTEXT_LEN, ContextTooLong, RequestState, SpeculativeDecoder
 from .standin import (
     SGLANG_VERSION,
     BadRequest,
@@ -48,7 +60,6 @@ from .standin import (
     error_body,
     fault_parity,
     generate_item,
-    greedy_next,
     parse_completions,
     parse_generate,
     sse,
@@ -76,12 +87,13 @@ class ServeOptions:
 
 
 class Scheduler:
-    """Runs decode steps one at a time (the server's scheduler): each is one verify step on every rank."""
+    """Runs verify steps one at a time (the server's scheduler): each is one step of tree speculative decoding of
+    one request, one verify call per layer on every rank (:class:`SpeculativeDecoder`)."""
 
     def __init__(self, config: KdtreeConfig, tp_size: int, device: torch.device, seed: int = 0) -> None:
         r = config.replay
         settings = ReplaySettings(
-            steps=0, interval_s=0.0, bs=r.bs, prefix=r.prefix, q_len=r.q_len, heads=r.heads, layers=r.layers,
+            steps=0, interval_s=0.0, bs=1, prefix=r.prefix, q_len=r.q_len, heads=r.heads, layers=r.layers,
             every_n_steps=1, device=str(device), dtype=r.dtype, tree=r.tree, seed=seed, threshold=None,
             tp_size=tp_size,
         )  # fmt: skip
@@ -94,34 +106,56 @@ class Scheduler:
             capture=True,
             parity_filter=lambda rank, stats: fault_parity(fault, rank, stats),
         )
+        self.decoder = SpeculativeDecoder(
+            self.service,
+            q_len=r.q_len,
+            dtype=DTYPES[r.dtype],
+            seed=seed,
+            common_mode=fault is not None and fault.kind == "common-mode",
+        )
+        self.slow_factor = fault.value if fault is not None and fault.kind == "slow" else 1.0
         self.parity: ParityConfig = config.parity
         self.lock = threading.Lock()
         self.steps = 0
+        self.load = LoadCounters()
         self._fallback = OncePer()
 
-    def decode_step(self) -> None:
+    def verify_step(self, state: RequestState) -> None:
+        """One verify step of ``state`` (global step count, parity sampled on it as the backend samples)."""
         with self.lock:
             index = self.steps
             self.steps += 1
             if not self.usable:  # said at the first step, not at start: idle, the server prints no [kdtree] line
                 self._fallback("fallback", lambda: format_fallback(self.fallback_reason, path="reference"))
             layers = [layer for layer in self.service.settings.layers if self.parity.wants(index, layer)]
+            started = time.perf_counter()
             with torch.inference_mode():
-                self.service.step(index, layers)
+                self.decoder.step([state], index, layers)
+            if self.slow_factor > 1.0:  # standin.fault slow:F, a verify step F times as long
+                time.sleep((self.slow_factor - 1.0) * (time.perf_counter() - started))
 
     def generate(self, request: GenerateRequest, on_token: Callable[[Generated], bool] | None = None) -> Generated:
-        """Decode ``request``; ``on_token`` sees the partial result after each token (False: client gone)."""
+        """Decode ``request``; ``on_token`` sees the partial result after each verify step (False: client gone).
+        Raises :class:`ContextTooLong` (before any step) for a request that cannot fit the KV pool."""
         started = time.monotonic()
-        context, output = list(request.prompt_ids), []
-        for _ in range(request.max_new_tokens):
-            self.decode_step()
-            token = greedy_next(context)
-            context.append(token)
-            output.append(token)
-            partial = Generated(request, tuple(output), len(output), started, finished=False)
-            if on_token is not None and len(output) < request.max_new_tokens and not on_token(partial):
-                break
-        return Generated(request, tuple(output), len(output), started)
+        want = request.max_new_tokens
+        if want == 0:
+            return Generated(request, (), 0, started)
+        with self.load.waiting():
+            state = self.decoder.start(request.prompt_ids, want)
+        try:
+            with self.load.running():
+                while len(state.generated) < want:
+                    self.verify_step(state)
+                    output = tuple(state.generated[:want])
+                    partial = Generated(request, output, state.verify_ct, started, finished=False)
+                    if on_token is not None and len(output) < want and not on_token(partial):
+                        break
+        finally:
+            self.decoder.finish(state)
+        output = tuple(state.generated[:want])
+        self.load.served(len(request.prompt_ids), len(output), state.verify_ct)
+        return Generated(request, output, state.verify_ct, started)
 
 
 @dataclass
@@ -148,6 +182,8 @@ class ServerState:
             "speculative_algorithm": "DDTREE",
             "speculative_num_draft_tokens": self.config.replay.q_len,
             "page_size": 1,
+            "context_length": CONTEXT_LEN,
+            "enable_metrics": True,
             "skip_tokenizer_init": o.skip_tokenizer_init,
             "load_delay_s": o.load_delay_s,
             "standin": True,
@@ -159,6 +195,7 @@ class ServerState:
 class Handler(BaseHTTPRequestHandler):
     server_version = f"kdtree-standin/{SGLANG_VERSION}"
     state: ServerState  # set on the subclass made by make_server
+    _streaming = False  # the answer's status and headers are out (a stream)
 
     # ---- plumbing ----------------------------------------------------------------------------------
     def log_message(self, format: str, *args: Any) -> None:
@@ -202,6 +239,7 @@ class Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length)
 
     def _start_stream(self) -> None:
+        self._streaming = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -218,11 +256,21 @@ class Handler(BaseHTTPRequestHandler):
 
     def _served(self, results: Sequence[Generated]) -> None:
         for r in results:
-            print(
+            write_line(
                 f"{PREFIX} served rid={r.request.rid} prompt_tokens={len(r.request.prompt_ids)} "
-                f"completion_tokens={len(r.output_ids)} e2e_latency={time.monotonic() - r.started:.3f}s",
-                flush=True,
+                f"completion_tokens={len(r.output_ids)} spec_verify_ct={r.steps} "
+                f"e2e_latency={time.monotonic() - r.started:.3f}s"
             )
+
+    def _fits(self, call: GenerateCall) -> bool:
+        """False (answered 400 already) when a prompt and its max_new_tokens exceed the context length."""
+        for request in call.requests:
+            try:
+                self.state.scheduler.decoder.check(request.prompt_ids, request.max_new_tokens)
+            except ContextTooLong as exc:
+                self._error(400, str(exc))
+                return False
+        return True
 
     # ---- endpoints ---------------------------------------------------------------------------------
     def do_GET(self) -> None:
@@ -238,6 +286,13 @@ class Handler(BaseHTTPRequestHandler):
                 request = GenerateRequest(f"HEALTH_CHECK_{time.time_ns()}", (1,), 1)
                 self._served([self.state.scheduler.generate(request)])
                 self._send(200)
+        elif path == "/metrics":  # served during the load too and, as SGLang's, without the API key
+            data = self.state.scheduler.load.prometheus(self.state.options.model_path).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", METRICS_CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         elif path in ("/get_server_info", "/server_info"):
             if self._gate():
                 self._send(200, self.state.server_info())
@@ -267,10 +322,18 @@ class Handler(BaseHTTPRequestHandler):
         if self.state.fault is not None and self.state.fault.kind == "http-500":
             self._error(500, "simulated failure of the generation (standin.fault http-500)")
             return
-        if path == "/generate":
-            self._generate(call)
-        else:
-            self._completions(call, model)
+        if not self._fits(call):
+            return
+        self._streaming = False
+        try:
+            if path == "/generate":
+                self._generate(call)
+            else:
+                self._completions(call, model)
+        except Exception as exc:  # a failed generation is answered 500 and said in one line, never a dropped socket
+            write_line(f"{PREFIX} request failed: {type(exc).__name__}: {exc}", stderr=True)
+            if not self._streaming:
+                self._error(500, f"the generation failed: {type(exc).__name__}: {exc}")
 
     def _generate(self, call: GenerateCall) -> None:
         scheduler, with_text = self.state.scheduler, not self.state.options.skip_tokenizer_init
@@ -368,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = options_from_args(build_parser().parse_args(argv), config)
         device = resolve_device(options.device)
     except (ConfigError, ValueError) as exc:
-        print(f"{PREFIX} {exc}", file=sys.stderr, flush=True)
+        write_line(f"{PREFIX} {exc}", stderr=True)
         return EXIT_USAGE
     if device.type == "cpu":
         torch.set_num_threads(1)  # small batches gain nothing from threads; testbed hosts share a few cores
@@ -381,30 +444,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         server = make_server(state)
     except OSError as exc:
-        print(f"{PREFIX} cannot listen on {options.host}:{options.port}: {exc}", file=sys.stderr, flush=True)
+        write_line(f"{PREFIX} cannot listen on {options.host}:{options.port}: {exc}", stderr=True)
         return EXIT_FAILED
     stop = stop_on_signals(PREFIX)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     fault = config.standin.fault
-    print(
+    shown = "none" if fault is None else fault.kind + (f":{fault.value:g}" if fault.kind == "slow" else "")
+    write_line(
         f"{PREFIX} started on {options.host}:{options.port} tp={options.tp_size} device={device} "
         f"load_delay_s={options.load_delay_s:g} api_key={'required' if state.api_key else 'off'} "
-        f"fault={fault.kind if fault else 'none'} version={SGLANG_VERSION}",
-        flush=True,
+        f"fault={shown} version={SGLANG_VERSION}"
     )
     code = EXIT_OK
     if not stop.wait(max(0.0, options.load_delay_s - (time.monotonic() - started))):
         if fault is not None and fault.kind == "crash-at-load":
-            print(f"{PREFIX} simulated crash at model load (standin.fault crash-at-load)", file=sys.stderr, flush=True)
+            write_line(f"{PREFIX} simulated crash at model load (standin.fault crash-at-load)", stderr=True)
             code = EXIT_FAILED
         else:
             state.loaded.set()
-            print(f"{PREFIX} ready after {time.monotonic() - started:.1f}s", flush=True)
+            write_line(f"{PREFIX} ready after {time.monotonic() - started:.1f}s")
             stop.wait()
     server.shutdown()
     server.server_close()
-    print(f"{PREFIX} stopped verify_steps={state.scheduler.steps} exit={code}", flush=True)
+    write_line(f"{PREFIX} stopped verify_steps={state.scheduler.steps} exit={code}")
     return code
 
 

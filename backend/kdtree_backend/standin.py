@@ -1,8 +1,8 @@
-"""The pure parts of the stand-in server (:mod:`kdtree_backend.serve`): request parsing, the toy tokenizer and
-greedy "model", the JSON shapes of SGLang 0.5.23's answers, and the injected faults' effect on parity lines.
+"""The pure parts of the stand-in server (:mod:`kdtree_backend.serve`): request parsing, the toy tokenizer,
+the JSON shapes of SGLang 0.5.23's answers, and the injected faults' effect on parity lines.
 
-No I/O here: the server parses a body into :class:`GenerateRequest` objects, runs their decode steps through the
-real verify path, and builds its answers with the ``*_response`` / ``*_chunk`` functions.
+No I/O here: the server parses a body into :class:`GenerateRequest` objects, decodes them by tree speculative
+decoding through the real verify path (:mod:`kdtree_backend.specdecode`), and builds its answers with the ``*_response`` / ``*_chunk`` functions.
 """
 
 from __future__ import annotations
@@ -49,12 +49,6 @@ def tokenize(text: str) -> tuple[int, ...]:
 
 def detokenize(ids: Sequence[int]) -> str:
     return "".join(f" tok{token}" for token in ids)
-
-
-def greedy_next(context: Sequence[int]) -> int:
-    """The "model": a deterministic function of the context, as greedy decoding is (same prompt, same output)."""
-    state = zlib.crc32(b",".join(str(t).encode() for t in context[-16:]))
-    return state % (VOCAB - 1) + 1
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -203,8 +197,15 @@ def generate_item(result: Generated, *, with_text: bool, now: float | None = Non
             "cached_tokens": 0,
             "spec_verify_ct": result.steps,
             "e2e_latency": round((time.monotonic() if now is None else now) - result.started, 6),
+            **spec_accept_length(n, result.steps),
         },
     }
+
+
+def spec_accept_length(completion_tokens: int, verify_ct: int) -> dict[str, float]:
+    """SGLang's ``spec_accept_length``: tokens per verify step, the bonus token included (completion_tokens /
+    spec_verify_ct); absent before the first verify step, as SGLang leaves it out then."""
+    return {"spec_accept_length": completion_tokens / verify_ct} if verify_ct > 0 else {}
 
 
 def completion_response(results: Sequence[Generated], model: str, created: int) -> dict[str, Any]:

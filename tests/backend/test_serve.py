@@ -4,6 +4,7 @@ decode step under the burst/every-N rule, and every injected fault."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import time
@@ -87,7 +88,9 @@ def test_generate_answers_like_sglang(server: Standin) -> None:
     meta = answer["meta_info"]
     assert meta["id"] == "opsctl-probe-ab-1"
     assert meta["finish_reason"] == {"type": "length", "length": 3}
-    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["spec_verify_ct"]) == (3, 3, 3)
+    assert (meta["prompt_tokens"], meta["completion_tokens"]) == (3, 3)
+    assert 1 <= meta["spec_verify_ct"] <= 3  # speculative: one verify step yields 1..depth+1 tokens
+    assert meta["spec_accept_length"] == pytest.approx(3 / meta["spec_verify_ct"])
     assert meta["e2e_latency"] > 0
     again = server.post("/generate", body)[1]
     assert again["output_ids"] == answer["output_ids"]  # greedy: same prompt, same output
@@ -95,7 +98,7 @@ def test_generate_answers_like_sglang(server: Standin) -> None:
     assert batch[0] == 200 and [len(item["output_ids"]) for item in batch[1]] == [1, 1]
     assert [item["meta_info"]["prompt_tokens"] for item in batch[1]] == [2, 1]
     served = server.wait_line(lambda line: "served rid=opsctl-probe-ab-1" in line)
-    assert "completion_tokens=3" in served
+    assert "completion_tokens=3" in served and f"spec_verify_ct={meta['spec_verify_ct']}" in served
 
 
 def test_generate_streams_server_sent_events(server: Standin) -> None:
@@ -106,10 +109,12 @@ def test_generate_streams_server_sent_events(server: Standin) -> None:
     events = sse_events(raw)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3]
-    assert [c["meta_info"]["finish_reason"] for c in chunks][:-1] == [None, None]
+    lengths = [len(c["output_ids"]) for c in chunks]  # cumulative, one chunk per verify step (then the last)
+    assert lengths == sorted(lengths) and lengths[-1] == 3 and all(n >= 1 for n in lengths)
+    assert [c["meta_info"]["finish_reason"] for c in chunks][:-1] == [None] * (len(chunks) - 1)
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
     assert all(c["meta_info"]["id"] == "s-1" for c in chunks)
+    assert [c["meta_info"]["spec_verify_ct"] for c in chunks][:-1] == list(range(1, len(chunks)))
 
 
 def test_completions_answer_like_openai(server: Standin) -> None:
@@ -128,8 +133,9 @@ def test_completions_answer_like_openai(server: Standin) -> None:
     events = sse_events(raw)
     assert status == 200 and ctype.startswith("text/event-stream") and events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, "length"]
-    assert all(c["object"] == "text_completion" and c["choices"][0]["text"] for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert len("".join(c["choices"][0]["text"] for c in chunks).split()) == 2
 
 
 def test_health_generate_and_server_info(server: Standin) -> None:
@@ -177,12 +183,14 @@ def test_requests_print_every_ranks_parity_lines_under_the_burst_rule(server: St
     ready(server)
     start = verify_steps(server)
     mark = len(server.lines)
-    requests, tokens = 3, 5
+    requests, tokens, steps = 3, 5, 0
     for n in range(requests):
         body = {"text": f"prompt {n}", "sampling_params": {"max_new_tokens": tokens, "temperature": 0}}
-        assert server.post("/generate", body)[0] == 200
+        status, answer = server.post("/generate", body)
+        assert status == 200 and answer["meta_info"]["completion_tokens"] == tokens
+        steps += answer["meta_info"]["spec_verify_ct"]
     end = verify_steps(server)
-    assert end - start == requests * tokens
+    assert end - start == steps
     sampled = sum(SAMPLING.sampled(step) for step in range(start, end))
     assert sampled >= 1
     lines = parity_lines(server.settled_lines()[mark:])
@@ -194,13 +202,18 @@ def test_requests_print_every_ranks_parity_lines_under_the_burst_rule(server: St
 
 
 def test_the_first_steps_after_start_are_all_sampled(tmp_path: Path) -> None:
-    """A fresh server: steps 0..burst-1 are sampled, then only every N-th (burst 3, N 4: 0 1 2 4 8)."""
+    """A fresh server: steps 0..burst-1 are sampled, then only every N-th (burst 3, N 4: 0 1 2 4 8 ...)."""
     s = Standin(tmp_path, config=CONFIG, load_delay=0, tp=1)
     try:
         s.wait_ready()
-        assert s.post("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 10}})[0] == 200
+        status, answer = s.post("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 40}})
+        assert status == 200
+        steps = answer["meta_info"]["spec_verify_ct"]
+        assert steps >= 9
         lines = parity_lines(s.settled_lines())
-        assert len(lines) == 5 * 2  # steps 0, 1, 2, 4, 8; two layers each
+        sampled = [step for step in range(steps) if step < 3 or step % 4 == 0]
+        assert sampled[:5] == [0, 1, 2, 4, 8]
+        assert len(lines) == len(sampled) * 2  # two layers each
         assert "[kdtree] fallback reason=cpu_device path=reference" in s.lines
         assert sum("[kdtree] shapes" in line for line in s.lines) == 1
     finally:
@@ -274,22 +287,30 @@ def one_request(s: Standin, tokens: int = 2) -> tuple[int, object]:
     return s.post("/generate", {"text": "a b", "sampling_params": {"max_new_tokens": tokens}})
 
 
+def steps_of(answer: object) -> int:
+    assert isinstance(answer, dict)
+    return int(answer["meta_info"]["spec_verify_ct"])
+
+
 def test_fault_nan(fault_servers: dict[str, Standin]) -> None:
-    assert one_request(fault_servers["nan"])[0] == 200
+    status, answer = one_request(fault_servers["nan"])
+    assert status == 200
     rels = [rel for _, rel, _, _ in parity_lines(fault_servers["nan"].settled_lines())]
-    assert len(rels) == 2 * 2 * 2 and all(math.isnan(rel) for rel in rels)
+    assert len(rels) == steps_of(answer) * 2 * 2 and all(math.isnan(rel) for rel in rels)
 
 
 def test_fault_rel_offset(fault_servers: dict[str, Standin]) -> None:
-    assert one_request(fault_servers["rel-offset:0.5"])[0] == 200
+    status, answer = one_request(fault_servers["rel-offset:0.5"])
+    assert status == 200
     rels = [rel for _, rel, _, _ in parity_lines(fault_servers["rel-offset:0.5"].settled_lines())]
-    assert len(rels) == 8 and all(0.5 <= rel < 0.51 for rel in rels)
+    assert len(rels) == steps_of(answer) * 4 and all(0.5 <= rel < 0.51 for rel in rels)
 
 
 def test_fault_silent_rank(fault_servers: dict[str, Standin]) -> None:
-    assert one_request(fault_servers["silent-rank:1"])[0] == 200
+    status, answer = one_request(fault_servers["silent-rank:1"])
+    assert status == 200
     lines = parity_lines(fault_servers["silent-rank:1"].settled_lines())
-    assert len(lines) == 4 and {tp for _, _, tp, _ in lines} == {0}
+    assert len(lines) == steps_of(answer) * 2 and {tp for _, _, tp, _ in lines} == {0}
 
 
 def test_fault_crash_at_load(fault_servers: dict[str, Standin]) -> None:
@@ -326,3 +347,45 @@ def test_classic_bug_release_fails_parity_when_served(tmp_path: Path) -> None:
         assert rels and min(rels) > 0.5, rels
     finally:
         s.stop()
+
+
+def test_metrics_serve_the_running_requests_in_prometheus_text(server: Standin) -> None:
+    """SGLang's /metrics (--enable-metrics): no API key needed, sglang:num_running_reqs counts requests being
+    decoded (1 while a streamed answer is open), the counters add up what was served."""
+    ready(server)
+
+    def metrics() -> dict[str, float]:
+        status, ctype, raw = server.get("/metrics")
+        assert status == 200 and ctype.startswith("text/plain")
+        values = {}
+        for line in raw.decode().splitlines():
+            if line and not line.startswith("#"):
+                name_labels, value = line.rsplit(" ", 1)
+                assert name_labels.endswith('{model_name="kdtree-standin"}'), line
+                values[name_labels.split("{", 1)[0]] = float(value)
+        return values
+
+    before = metrics()
+    assert before["sglang:num_running_reqs"] == 0
+    body = {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 64}, "stream": True}
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.readline().startswith(b"data: ")  # the first verify step is done, the request still runs
+    during = metrics()
+    resp.read()
+    conn.close()
+    after = metrics()
+    assert during["sglang:num_running_reqs"] == 1
+    assert after["sglang:num_running_reqs"] == 0
+    assert after["sglang:num_requests_total"] == before["sglang:num_requests_total"] + 1
+    assert after["sglang:generation_tokens_total"] == before["sglang:generation_tokens_total"] + 64
+    assert after["sglang:prompt_tokens_total"] == before["sglang:prompt_tokens_total"] + 2
+
+
+def test_too_long_a_request_is_400_before_any_step(server: Standin) -> None:
+    ready(server)
+    before = verify_steps(server)
+    status, answer = server.post("/generate", {"input_ids": [1] * 5000, "sampling_params": {"max_new_tokens": 4000}})
+    assert status == 400 and "context length" in answer["error"]["message"]
+    assert verify_steps(server) == before
