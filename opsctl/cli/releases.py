@@ -9,6 +9,7 @@ import typer
 from . import common
 
 if TYPE_CHECKING:
+    from ..host.comparisons import ReleaseFigures
     from ..host.history import HistoryRecord
 
 # How many removed releases the table shows below the ones on the host (--json gives every one).
@@ -20,12 +21,14 @@ def releases_command(
     as_json: Annotated[bool, typer.Option("--json", help="print the releases as JSON")] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
-    """List the releases on HOST: id, created, commit, current/good/bad, last verdict; then the releases cleanup
-    removed, and when."""
+    """List the releases on HOST: id, created, commit, current/good/bad, last verdict, decode speed relative to
+    the release it replaced; then the releases cleanup removed, and when. --json carries each release's comparison
+    samples (for opsctl compare)."""
     from rich.table import Table
 
     from ..host import history as host_history
     from ..host import views
+    from ..host.comparisons import release_figures
     from .parityview import verdict_text
 
     h = common.host_of(host, inventory_path, "releases")
@@ -33,6 +36,7 @@ def releases_command(
     view = views.read_releases(h)
     snap, hist, info = view.snap, view.history, view.meta
     verdicts = host_history.release_verdicts(hist)
+    figures = release_figures(hist)  # each release's comparison with the one it replaced (issue 37)
     rows = []
     for rid in sorted(snap.releases, key=lambda x: snap.releases[x], reverse=True):
         flags = [
@@ -55,6 +59,7 @@ def releases_command(
                 "flags": flags,
                 "verdict": last.verdict if last else None,
                 "verdict_at": last.at if last else None,
+                "comparison": figures[rid].to_json(samples=True) if rid in figures else None,
             }
         )
     removed = removed_releases(hist, set(snap.releases))
@@ -77,7 +82,7 @@ def releases_command(
         common.emit_json(rows)
         return
     table = Table(title=f"releases on {host} ({h.root})")
-    for col in ("id", "created", "commit", "state", "last verdict"):
+    for col in ("id", "created", "commit", "state", "last verdict", "decode"):
         table.add_column(col)
     present = [row for row in rows if "removed" not in row["flags"]]
     for row in present:
@@ -88,6 +93,7 @@ def releases_command(
             commit,
             ", ".join(row["flags"]),
             verdict_text(row["verdict"]) if row["verdict"] else "-",
+            decode_text(figures.get(row["id"])),
         )
     gone = [row for row in rows if "removed" in row["flags"]]
     for row in gone[:SHOWN_REMOVED]:
@@ -97,10 +103,22 @@ def releases_command(
             "-",
             f"[dim]removed {row['removed_at'] or '?'} ({row['removed_by']})[/]",
             verdict_text(row["verdict"]) if row["verdict"] else "-",
+            "-",
         )
     common.out.print(table)
     if len(gone) > SHOWN_REMOVED:
         common.out.print(f"[dim]{len(gone) - SHOWN_REMOVED} older removed release(s): --json lists them[/]")
+
+
+def decode_text(figures: ReleaseFigures | None) -> str:
+    """``1.03x of r5d1e…`` (its decode speed relative to the release it replaced) and its own ms/token."""
+    if figures is None:
+        return "-"
+    ms = figures.decode_ms_per_token
+    own = f"{ms:.1f} ms/token" if ms is not None else "-"
+    if figures.decode_ratio is None or not figures.baseline_release:
+        return own
+    return f"{figures.decode_ratio:.2f}x of {figures.baseline_release} ({own})"
 
 
 def removed_releases(history: list[HistoryRecord], on_host: set[str]) -> list[tuple[str, HistoryRecord]]:

@@ -17,6 +17,7 @@ from . import common
 if TYPE_CHECKING:
     from ..gate.decision import Judgement
     from ..host import views
+    from ..host.comparisons import ReleaseFigures
     from ..host.history import HistoryRecord
     from ..host.releaseroot import HostSnapshot
     from ..inventory import HostConfig
@@ -144,6 +145,7 @@ class _Parity:
 def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
     """Read one host's state; print it for people unless ``as_json``; return the JSON document."""
     from ..host import views
+    from ..host.comparisons import release_figures
     from ..lock import hostlock
 
     view = views.read_status(h)
@@ -175,10 +177,30 @@ def _status_one(h: HostConfig, as_json: bool) -> dict[str, Any]:
         "parity": parity.to_json(),
         "parity_fail_lines": len(parity.failed),
     }
+    # The running release's figures from the comparison recorded when it was deployed (issue 37).
+    running = release_figures(hist).get(snap.current or "")
+    doc["comparison"] = running.to_json() if running is not None else None
     if not as_json:
         _print_state(h, snap, told, (bad, bad_removed), doc["lock"])
+        _print_comparison(running)
         _print_parity(parity)
     return doc
+
+
+def _print_comparison(running: ReleaseFigures | None) -> None:
+    """The running release's decode speed, accepted drafts and its comparison line, from its deploy's record."""
+    if running is None:
+        return
+    ms, accept = running.decode_ms_per_token, running.accept_length
+    figures = [f"decode {ms:.1f} ms/token" if ms is not None else "decode -"]
+    if accept is not None:
+        figures.append(f"accepted drafts {accept:.1f}")
+    console.print(
+        f"running release: {', '.join(figures)} ({running.event} at {running.at}); {running.line or ''}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def _print_state(
