@@ -23,7 +23,7 @@ TREE_KINDS = ("tree", "chain", "star")
 # Verify steps sampled densely after the process starts: 8 steps x 3 layers = 24 lines per rank, far more than
 # the gate's consecutive_passes (3 by default), so a verdict needs only the first few steps of traffic.
 DEFAULT_BURST_STEPS = 8
-STANDIN_FAULTS = ("nan", "rel-offset", "silent-rank", "crash-at-load", "http-500")
+STANDIN_FAULTS = ("nan", "rel-offset", "silent-rank", "crash-at-load", "http-500", "slow", "common-mode")
 
 
 class ConfigError(ValueError):
@@ -51,7 +51,7 @@ class ParityConfig:
 @dataclass(frozen=True)
 class StandinFault:
     """A failure the testbed's stand-in server injects (docs/testbed.md): ``kind`` one of STANDIN_FAULTS,
-    ``value`` the offset of rel-offset or the rank of silent-rank."""
+    ``value`` the offset of rel-offset, the rank of silent-rank or the factor of slow."""
 
     kind: str
     value: float = 0.0
@@ -65,6 +65,14 @@ class StandinFault:
         kind, _, arg = raw.partition(":")
         if kind not in STANDIN_FAULTS:
             raise ConfigError(f"{name} must be one of {', '.join(STANDIN_FAULTS)} (or null), got {raw!r}")
+        if kind == "slow":  # slow:F, every verify step takes F times as long
+            try:
+                factor = float(arg)
+            except ValueError:
+                raise ConfigError(f"{name} {raw!r}: slow needs a factor, e.g. slow:1.5") from None
+            if not 1.0 <= factor <= 100.0:
+                raise ConfigError(f"{name} {raw!r}: the factor must be in 1..100")
+            return StandinFault(kind, factor)
         if kind in ("rel-offset", "silent-rank"):
             try:
                 value = float(arg) if kind == "rel-offset" else float(int(arg))

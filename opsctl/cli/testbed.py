@@ -86,7 +86,13 @@ def _print_status(tb: Testbed) -> None:
 @app.command("variant")
 @common.bounded
 def testbed_variant(
-    kind: Annotated[str, typer.Argument(help="seed-bug: drafts left out of the keys (docs/sglang-verify.md)")],
+    kind: Annotated[
+        str,
+        typer.Argument(
+            help="seed-bug: drafts left out of the keys (docs/sglang-verify.md); slow: verify steps 1.5x as long; "
+            "common-mode: a wrong scale the kernel and its reference share (parity passes, answers change)"
+        ),
+    ],
     dest: Annotated[Path, typer.Argument(help="directory to write the release tree into")],
     src: Annotated[Path | None, typer.Option("--src", help="working tree to copy (default: this checkout)")] = None,
 ) -> None:

@@ -7,10 +7,15 @@ directories with one deliberate change, so that what the gate catches is real co
 out of the keys, made the way ``backend/kdtree_backend/marshal.py``'s docstring says (its tagged line becomes
 ``pass``). The pre-restart check runs the same marshal code and catches it before the restart; deploy the tree with
 ``--skip-prerestart-parity`` to watch the gate catch it on served traffic instead, and roll back.
+
+``slow`` (every verify step 1.5x as long) and ``common-mode`` (a metadata bug the kernel path and its reference
+share) set the tree's ``standin.fault`` (docs/testbed.md): both pass parity, before and after the restart, and only
+the comparison with the release they replace (docs/gate.md) catches them.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -60,4 +65,31 @@ def seed_bug(src: Path, dest: Path, tag: str = "seed-bug") -> Path:
     return tree
 
 
-VARIANTS = {"seed-bug": seed_bug}
+SLOW_FACTOR = 1.5  # the rehearsal's slow release (deploy/rehearse.sh --slow)
+
+
+def with_standin_fault(tree: Path, fault: str) -> Path:
+    """``tree`` whose stand-in server injects ``fault`` (``standin.fault`` of its deploy/kdtree.json)."""
+    config = tree / "deploy" / "kdtree.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        raise VariantError(f"{config}: cannot read the release's configuration: {exc}") from None
+    data.setdefault("standin", {})["fault"] = fault
+    config.write_text(json.dumps(data, indent=2) + "\n")
+    return tree
+
+
+def slow(src: Path, dest: Path, tag: str = "slow", factor: float = SLOW_FACTOR) -> Path:
+    """A copy of ``src`` whose every verify step takes ``factor`` times as long on the testbed: parity passes, the
+    comparison's decode speed does not."""
+    return with_standin_fault(copy_tree(src, dest, tag), f"slow:{factor:g}")
+
+
+def common_mode(src: Path, dest: Path, tag: str = "common-mode") -> Path:
+    """A copy of ``src`` with a wrong ``sm_scale`` in the verify metadata, read by the kernel path and the reference
+    alike: parity passes, the answers change."""
+    return with_standin_fault(copy_tree(src, dest, tag), "common-mode")
+
+
+VARIANTS = {"seed-bug": seed_bug, "slow": slow, "common-mode": common_mode}
