@@ -20,6 +20,16 @@ each restart and the gate counts only lines that carry it."""
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{8,128}")
 """A parity token (fullmatch): what opsctl hands out and the backend accepts; anything else is dropped."""
 
+PARITY_VALUE_MAX = 1.7976e308
+"""The largest value a parity line carries (``max_abs_diff``, ``mean``, ``rel``): the backend prints a larger finite
+value as this (``%.4e`` would round the largest doubles up to ``1.7977e+308``, past the double's range), and
+opsctl's parser refuses a larger one. Both sides read it here: one grammar (docs/lines.md)."""
+
+LEFT_OUT = f"{MARKER} <a message journalctl left out>"
+"""Never printed by the backend: what opsctl's journal readers hand on in place of a message journalctl did not
+print (``"MESSAGE": null``, ``[N blob data]``; both only without ``--all``), followed by ``": "`` and what it printed
+instead. The gate's parser reads it as a malformed line that carries every token: a FAIL, never skipped."""
+
 CAPTURE_ID_RE = re.compile(r"c\d{8}T\d{6}Z-[0-9a-f]{6}")
 """A capture id (fullmatch): ``c<UTC date>T<time>Z-<6 hex>``, the name of its directory under the state dir."""
 

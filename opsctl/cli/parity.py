@@ -130,8 +130,8 @@ def _print_not_listed(check: ParityCheck) -> None:
         )
     if check.left_out:
         common.err.print(
-            f"[yellow]{check.left_out} journal entries have no MESSAGE (journalctl prints one of 4096 bytes or more "
-            "as null): rerun journalctl with --all to judge them[/]",
+            f"[yellow]{check.left_out} journal messages were left out by journalctl (JSON null for 4096 bytes or "
+            "more, [N blob data] in text, without --all): each is judged a FAIL; rerun journalctl with --all (-a)[/]",
             soft_wrap=True,
         )
 
@@ -194,7 +194,7 @@ def check(
 ) -> None:
     """Judge \\[kdtree] parity lines from a journal as the deploy's gate would; exit 0 only on PASS.
 
-    journalctl -u sglang-k26-ddtree -o short-iso | opsctl parity check - --tp 8 --token "$TOKEN"
+    journalctl -u sglang-k26-ddtree -o short-iso --all | opsctl parity check - --tp 8 --token "$TOKEN"
     """
     token = _token(token)
     if all_invocations and token is not None:
@@ -204,7 +204,7 @@ def check(
     stream = _open(source)
     try:
         blocks = iter(lambda: stream.read(BLOCK_BYTES), b"")
-        result = check_entries(reader.read(blocks), settings, tp=tp or host_tp, token=token)
+        result = check_entries(reader.read(blocks), settings, tp=tp or host_tp, token=token, reader=reader)
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()

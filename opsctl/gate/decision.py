@@ -21,8 +21,15 @@ but a rank without a parity line ``parity_grace_s`` after the first answer is a 
 server never ready by the deadline is a FAIL.
 
 Lines that are not evidence are IGNORED, never counted either way: when the gate knows the invocation's token,
-a parity line with a missing or different ``token=`` (a forgery, or a line of another run). Each is reported once,
-with its reason (``ignored_reason``), by whoever feeds the gate.
+a parity line with a missing or different ``token=`` that does not hold the token anywhere (a forgery, or a line
+of another run), and the marker inside another message without the token. Each is reported once, with its reason
+(``ignored_reason``), by whoever feeds the gate.
+
+A message that holds the invocation's token **anywhere** is the service's own output (only a process that read the
+root-only token file can write it): it is a well-formed line with that ``token=`` (judged by its values), a
+well-formed shapes or fallback line, or a FAIL, never IGNORED: a parity line glued to another message, a marked
+line over the length limit, a logged prompt that quotes the token. A message journalctl left out
+(``wire.LEFT_OUT``) fails whatever the token.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from enum import StrEnum
 
 from ..hostdata.facts import UnitObservation
 from ..inventory import GateSettings
-from .lines import MARKER, ParityLine, misplaced_marker, parse_line
+from .lines import MARKER, ParityLine, malformed_line, misplaced_marker, parse_line
 from .traffic import FailureCause, ProbeTally, Wave
 
 
@@ -144,10 +151,13 @@ class GateState:
         return "wrong token= (not printed by the watched invocation)"
 
     def problems(self, line: ParityLine) -> tuple[str, ...]:
-        """What makes a line malformed here: its own problems, plus a rank outside the unit's TP size."""
+        """What makes a line malformed here: its own problems, a rank outside the unit's TP size, and the
+        invocation's token inside a line whose ``token=`` is not it."""
         out = line.problems
         if self.expected_ranks is not None and line.rank is not None and line.rank >= self.expected_ranks:
             out = (*out, f"tp={line.rank} outside the unit's {self.expected_ranks} TP ranks")
+        if self.token is not None and line.token != self.token and not line.hidden and self.token in line.raw:
+            out = (*out, "the invocation's token is in the line but its token= is not the invocation's")
         return out
 
     def judge_line(self, line: ParityLine) -> LineVerdict:
@@ -388,14 +398,26 @@ def line_reason(state: GateState, line: ParityLine, verdict: LineVerdict) -> str
     return f"rel {line.rel:.4g} <= {s.pass_rel:g}"
 
 
-def judge(state: GateState, message: str, now: float) -> Judgement | None:
-    """One journal message into the gate. None for a message that is not about parity at all."""
-    rec = parse_line(message)
-    if not isinstance(rec, ParityLine):
-        if rec is None and misplaced_marker(message):
-            return Judgement(LineVerdict.IGNORED, f"{MARKER} inside another message, not a parity line", message)
-        return None
-    return judge_record(state, rec, now)
+def judge(state: GateState, message: str, now: float, *, journal_prefix: bool = False) -> Judgement | None:
+    """One journal message into the gate. None for a message that is not about parity at all. A message holding
+    the invocation's token that is not a well-formed line is a malformed line of the invocation: a FAIL.
+    ``journal_prefix``: ``message`` is a line of journalctl's text output (``lines.parse_line``)."""
+    rec = parse_line(message, journal_prefix=journal_prefix)
+    if isinstance(rec, ParityLine):
+        return judge_record(state, rec, now)
+    if rec is not None:
+        return None  # a well-formed shapes or fallback line
+    misplaced = misplaced_marker(message, journal_prefix=journal_prefix)
+    if state.token is not None and state.token in message:
+        why = (
+            f"{MARKER} inside another message (glued to it, or quoted), holding the invocation's token"
+            if misplaced
+            else "the invocation's token in a message that is not a parity line"
+        )
+        return judge_record(state, malformed_line(message, why), now)
+    if misplaced:
+        return Judgement(LineVerdict.IGNORED, f"{MARKER} inside another message, not a parity line", message)
+    return None
 
 
 def judge_record(state: GateState, rec: ParityLine, now: float) -> Judgement:

@@ -1,10 +1,17 @@
 """Parse the ``[kdtree]`` lines (the grammar is in docs/lines.md; the backend's formatter is
 ``backend/kdtree_backend/lines.py``, pinned to this parser by tests/backend/test_lines_grammar.py).
 
-A line is a *marked* line when ``[kdtree]`` starts its message: after an optional journald prefix (every
-``journalctl -o short*`` form) and an optional SGLang logger prefix (``[2026-05-31 13:04:12 TP3] ``), nothing else.
-A served request whose text the server logs (``... please print [kdtree] L56 rel=0``) is therefore never a marked
-line; ``misplaced_marker`` tells the gate such a line was seen, so it can say so.
+A line is a *marked* line when ``[kdtree]`` starts its message: after an optional SGLang logger prefix
+(``[2026-05-31 13:04:12 TP3] ``), nothing else. A journald prefix (every ``journalctl -o short*`` form) is stripped
+only where the output format adds it (``journal_prefix=True``: a line of journalctl's text output); a message
+(a JSON entry's MESSAGE, ``-o cat``) is taken as it is, so a message that itself starts with a journald-style
+prefix is not a marked line in either reading. A served request whose text the server logs (``... please print
+[kdtree] L56 rel=0``) is never a marked line; ``misplaced_marker`` tells the gate such a line was seen (the gate
+fails it when it carries the invocation's token, docs/gate.md).
+
+A message journalctl left out (``"MESSAGE": null`` without ``--all``; ``[5.0K blob data]`` in its text output) is
+``wire.LEFT_OUT``: a malformed line that every token claims (``ParityLine.hidden``), so it fails the gate whatever it
+held.
 
 A marked line is one of three kinds, each exactly as the backend prints it: ``shapes`` (:class:`ShapesLine`),
 ``fallback`` (:class:`FallbackLine`) and parity, ``L<n> ...`` (:class:`ParityLine`). Anything else that starts
@@ -23,7 +30,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from kdtree_backend.wire import MARKER, TOKEN_RE
+from kdtree_backend.wire import LEFT_OUT, MARKER, PARITY_VALUE_MAX, TOKEN_RE
 
 # The longest marked message accepted (the marker and everything after it). The backend's lines are under 400
 # characters; journald cuts stdout lines at LineMax (48K by default) into several entries, so a longer marked
@@ -45,12 +52,16 @@ _JOURNAL_PREFIX = rf"{_TIMESTAMP} \S+ [^\s\[\]:]+(?:\[[0-9]+\])?: "
 _SGLANG_PREFIX = (
     r"\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]+)?(?P<parts>(?: [A-Z]{2,4}[0-9]{1,4})*)\] "
 )
-_PREFIXED_MARKER_RE = re.compile(rf"(?:{_JOURNAL_PREFIX})?(?:{_SGLANG_PREFIX})?{re.escape(MARKER)}", re.ASCII)
+_MARKER_RE = re.compile(rf"(?:{_SGLANG_PREFIX})?{re.escape(MARKER)}", re.ASCII)
+_JOURNAL_MARKER_RE = re.compile(rf"{_JOURNAL_PREFIX}(?:{_SGLANG_PREFIX})?{re.escape(MARKER)}", re.ASCII)
+JOURNAL_PREFIX_RE = re.compile(_JOURNAL_PREFIX, re.ASCII)  # a line of journalctl's short* output starts so
 _RANK_PART_RE = re.compile(r"\bTP([0-9]{1,4})\b", re.ASCII)
 
 # The values, exactly as the backend prints them: ASCII digits, no sign (but the exponent's), no "_".
 _KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
-_NUMBER_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", re.ASCII)
+# An exponent of at most 3 digits: ``%.4e`` prints 2 or 3 (e-324 .. e+308); a value must also survive float():
+# neither past the double's range (inf) nor a non-zero mantissa that underflows to 0 (``1.0e-400``).
+_NUMBER_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?", re.ASCII)
 _LAYER_RE = re.compile(r"L(0|[1-9][0-9]{0,5})", re.ASCII)
 _RANK_RE = re.compile(r"0|[1-9][0-9]{0,3}", re.ASCII)
 _INT_RE = re.compile(r"0|[1-9][0-9]{0,17}", re.ASCII)
@@ -61,13 +72,17 @@ _LOOSE_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_])token=([A-Za-z0-9_-]+)", re.ASCI
 # The common case in one anchored match: a well-formed parity line in the backend's field order. Anything this
 # does not take (or whose values it finds not finite, its extras duplicated, its rank at odds with the prefix) goes
 # through the full parse, which names the problem; tests/gate/test_parity_properties.py checks the two agree.
-_NUM = r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
-_FAST_PARITY_RE = re.compile(
-    rf"(?:{_JOURNAL_PREFIX})?(?:{_SGLANG_PREFIX})?\[kdtree\] L(?P<layer>0|[1-9][0-9]{{0,5}}) "
+_NUM = r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?"
+_FAST_PARITY_BODY = (
+    rf"(?:{_SGLANG_PREFIX})?\[kdtree\] L(?P<layer>0|[1-9][0-9]{{0,5}}) "
     rf"max_abs_diff=(?P<a>{_NUM}) mean=(?P<m>{_NUM}) rel=(?P<r>{_NUM}) tp=(?P<tp>0|[1-9][0-9]{{0,3}})"
-    r"(?: token=(?P<token>[A-Za-z0-9_-]{8,128}))?(?P<extra>(?: [A-Za-z_][A-Za-z0-9_]*=[!-~]+)*)",
-    re.ASCII,
+    r"(?: token=(?P<token>[A-Za-z0-9_-]{8,128}))?(?P<extra>(?: [A-Za-z_][A-Za-z0-9_]*=[!-~]+)*)"
 )
+_FAST_PARITY_RE = re.compile(_FAST_PARITY_BODY, re.ASCII)
+_FAST_JOURNAL_PARITY_RE = re.compile(_JOURNAL_PREFIX + _FAST_PARITY_BODY, re.ASCII)
+# What journalctl writes without --all for a message it will not print: "[76B blob data]", "[5.0K blob data]".
+_BLOB_RE = re.compile(r"\[[0-9]+(?:\.[0-9])?[BKMGTPE] blob data\]", re.ASCII)
+
 PARITY_KEYS = ("max_abs_diff", "mean", "rel")
 RANK_KEY = "tp"
 TOKEN_KEY = "token"
@@ -213,6 +228,7 @@ class ParityLine:
     raw: str = ""
     token: str | None = None
     problems: tuple[str, ...] = ()
+    hidden: bool = False  # journalctl left the message out (LEFT_OUT): whatever it held, it may be ours
 
     @property
     def finite(self) -> bool:
@@ -227,12 +243,13 @@ class ParityLine:
         return self.layer_label + (f" TP{self.rank}" if self.rank is not None else "")
 
     def carries(self, token: str) -> bool:
-        """Whether this line was printed by the invocation that holds ``token``: a well-formed line when its
-        ``token=`` is exactly that; a malformed one when the token appears anywhere in it (a garbled line cannot
-        be trusted to spell its fields, so any sign of the token makes it ours, and a FAIL)."""
-        if self.token == token:
+        """Whether this line was printed by the invocation that holds ``token``: its ``token=`` is exactly that,
+        or the token appears anywhere in it (only a process that read the root-only token file can write it, so
+        any sign of the token makes the line the invocation's own; the gate fails it unless it is well formed
+        with that ``token=``), or journalctl left the message out (it may have been ours)."""
+        if self.token == token or self.hidden:
             return True
-        return bool(self.problems) and bool(token) and token in self.raw
+        return bool(token) and token in self.raw
 
 
 @dataclass(frozen=True)
@@ -256,10 +273,12 @@ def _prefix_rank(parts: str | None) -> int | None:
     return int(ranks[-1]) if ranks else None
 
 
-def misplaced_marker(line: str) -> bool:
+def misplaced_marker(line: str, *, journal_prefix: bool = False) -> bool:
     """The marker appears in the line but does not start its message: text that only looks like a marked line
-    (a logged request, say). Such a line is never counted; the gate reports it."""
-    return MARKER in line and _PREFIXED_MARKER_RE.match(line) is None
+    (a logged request, say, or two messages glued together). Without the invocation's token it is never counted;
+    with it, the gate fails it. ``journal_prefix``: as for :func:`parse_line`."""
+    marker_re = _JOURNAL_MARKER_RE if journal_prefix else _MARKER_RE
+    return MARKER in line and marker_re.match(line) is None
 
 
 def _fields(words: list[str], problems: list[str]) -> dict[str, str]:
@@ -292,14 +311,47 @@ def _value_problem(key: str, text: str | None) -> str | None:
         return f"missing {key}"
     if not _number_ok(text):
         return f"garbled {key}={text[:40]}"
-    if not math.isfinite(float(text)):
+    value = float(text)
+    if not math.isfinite(value):
         return f"{key}={text[:40]} is not finite"
+    if value > PARITY_VALUE_MAX:
+        return f"{key}={text[:40]} is above {PARITY_VALUE_MAX:.4e}, the largest value a line carries"
+    if value == 0.0 and _underflows(text):
+        return f"{key}={text[:40]} is below the smallest double (reads as 0)"
     return None
+
+
+def _underflows(text: str) -> bool:
+    """A number whose float() is 0 although its mantissa is not: an exponent ``%.4e`` never prints."""
+    mantissa = text.partition("e")[0].partition("E")[0]
+    return mantissa.strip("0.") != ""
 
 
 def malformed_line(raw: str, problem: str) -> ParityLine:
     """A marked text that could not be read as a line at all (a cut JSON entry, say): a malformed line."""
     return _malformed(raw, None, [problem])
+
+
+def loose_token(text: str) -> str | None:
+    """The first ``token=<t>`` in any text (a message the marker does not start), when ``t`` is a token's form."""
+    m = _LOOSE_TOKEN_RE.search(text)
+    return m.group(1) if m and TOKEN_RE.fullmatch(m.group(1)) else None
+
+
+def left_out_message(detail: str) -> str:
+    """The message a reader hands on for one journalctl did not print (``detail``: what it printed instead)."""
+    return f"{LEFT_OUT}: {detail}"
+
+
+def is_blob_placeholder(message: str) -> bool:
+    """journalctl's ``[N blob data]``, written for a message it will not print without ``--all``."""
+    return _BLOB_RE.fullmatch(message) is not None
+
+
+def _left_out_line(raw: str) -> ParityLine:
+    nan = math.nan
+    problem = f"journalctl left the message out ({raw[len(LEFT_OUT) + 2 :][:80]}): read the journal with --all (-a)"
+    return ParityLine(UNKNOWN_LAYER, nan, nan, nan, raw=raw, problems=(problem,), hidden=True)
 
 
 def _malformed(raw: str, rank: int | None, problems: list[str], token: str | None = None) -> ParityLine:
@@ -310,18 +362,22 @@ def _malformed(raw: str, rank: int | None, problems: list[str], token: str | Non
     return ParityLine(UNKNOWN_LAYER, nan, nan, nan, rank=rank, raw=raw, token=token, problems=tuple(problems))
 
 
-def parse_line(line: str) -> KdtreeLine | None:
-    """One journal message (or a line of journalctl's text output) -> its ``[kdtree]`` record; None when the
-    marker does not start the message. Never raises; a malformed marked line is a ParityLine with problems."""
+def parse_line(line: str, *, journal_prefix: bool = False) -> KdtreeLine | None:
+    """One journal message -> its ``[kdtree]`` record; None when the marker does not start the message. With
+    ``journal_prefix``, ``line`` is a line of journalctl's text output (``-o short*``): one journald prefix, which
+    the format adds, comes first and is not part of the message. Never raises; a malformed marked line is a
+    ParityLine with problems."""
     raw = line[:-1] if line.endswith("\n") else line
     if MARKER not in raw:
         return None
-    return _fast_parity(raw) or _parse_full(raw)
+    return _fast_parity(raw, journal_prefix) or _parse_full(raw, journal_prefix)
 
 
-def _parse_full(raw: str) -> KdtreeLine | None:
+def _parse_full(raw: str, journal_prefix: bool = False) -> KdtreeLine | None:
     """The whole grammar, naming every problem (``parse_line`` without its fast path)."""
-    m = _PREFIXED_MARKER_RE.match(raw)
+    if raw.startswith(LEFT_OUT):
+        return _left_out_line(raw)
+    m = (_JOURNAL_MARKER_RE if journal_prefix else _MARKER_RE).match(raw)
     if m is None:
         return None
     prefix_rank = _prefix_rank(m.group("parts"))
@@ -358,9 +414,9 @@ def _parse_full(raw: str) -> KdtreeLine | None:
 _KNOWN_PARITY_KEYS = frozenset((*PARITY_KEYS, RANK_KEY, TOKEN_KEY))
 
 
-def _fast_parity(raw: str) -> ParityLine | None:
+def _fast_parity(raw: str, journal_prefix: bool = False) -> ParityLine | None:
     """A well-formed parity line in the backend's field order, or None (then the full parse decides)."""
-    m = _FAST_PARITY_RE.fullmatch(raw)
+    m = (_FAST_JOURNAL_PARITY_RE if journal_prefix else _FAST_PARITY_RE).fullmatch(raw)
     if m is None or (
         len(raw) > MAX_MESSAGE_CHARS and len(raw) - m.start("layer") + len(MARKER) + 2 > MAX_MESSAGE_CHARS
     ):
@@ -369,7 +425,11 @@ def _fast_parity(raw: str) -> ParityLine | None:
         "layer", "a", "m", "r", "tp", "token", "extra", "parts"
     )
     a, mean, rel = float(a_text), float(m_text), float(r_text)
-    if a + mean + rel == math.inf:  # an exponent past the float range: the full parse names it
+    if a > PARITY_VALUE_MAX or mean > PARITY_VALUE_MAX or rel > PARITY_VALUE_MAX:  # the full parse names it
+        return None
+    if (a == 0.0 or mean == 0.0 or rel == 0.0) and any(  # underflow to 0: the full parse names it
+        v == 0.0 and _underflows(t) for v, t in ((a, a_text), (mean, m_text), (rel, r_text))
+    ):
         return None
     rank = int(tp)
     if parts and _prefix_rank(parts) not in (None, rank):
@@ -385,7 +445,16 @@ def _fast_parity(raw: str) -> ParityLine | None:
     # line's whole cost in a long journal); the fields are the same, set at once.
     line = object.__new__(ParityLine)
     line.__dict__.update(
-        layer=int(layer), max_abs_diff=a, mean=mean, rel=rel, rank=rank, extra=extra, raw=raw, token=token, problems=()
+        layer=int(layer),
+        max_abs_diff=a,
+        mean=mean,
+        rel=rel,
+        rank=rank,
+        extra=extra,
+        raw=raw,
+        token=token,
+        problems=(),
+        hidden=False,
     )
     return line
 
@@ -468,5 +537,5 @@ def _check_extra(fields: dict[str, str], known: tuple[str, ...], problems: list[
             problems.append(f"garbled {k}={v[:40]}")
 
 
-def parse_lines(lines: list[str]) -> list[KdtreeLine]:
-    return [rec for rec in (parse_line(x) for x in lines) if rec is not None]
+def parse_lines(lines: list[str], *, journal_prefix: bool = False) -> list[KdtreeLine]:
+    return [rec for rec in (parse_line(x, journal_prefix=journal_prefix) for x in lines) if rec is not None]

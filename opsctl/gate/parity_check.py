@@ -32,7 +32,16 @@ from ..errors import UsageError
 from ..inventory import GateSettings
 from ..journal.query import message_text
 from .decision import GateState, Judgement, LineVerdict, Verdict, json_float, judge, line_reason
-from .lines import MARKER, ParityLine, malformed_line, parse_line
+from .lines import (
+    JOURNAL_PREFIX_RE,
+    MARKER,
+    ParityLine,
+    is_blob_placeholder,
+    left_out_message,
+    loose_token,
+    malformed_line,
+    parse_line,
+)
 
 MAX_LISTED = 1000  # counted lines listed per invocation (the rest only counted)
 MAX_LISTED_IGNORED = 5  # ignored lines listed per invocation
@@ -48,10 +57,11 @@ class Entry(NamedTuple):
     """One journal entry as the gate would see it (a tuple: one is made for every marked line)."""
 
     number: int  # 1-based line number in the input
-    message: str  # a text line as printed (prefixes included), or a JSON entry's MESSAGE
+    message: str  # a text line as printed (prefixes included; see JournalReader.prefixed), or a JSON MESSAGE
     invocation: str = ""  # _SYSTEMD_INVOCATION_ID, when the input has it
     boundary: bool = False  # a restart boundary: the start of a new invocation of the unit
     unreadable: bool = False  # a line of JSON input that is not an entry (judged as text; fail-closed)
+    prefixed: bool = False  # a line of journalctl's short* output: its first journald prefix is the format's
 
 
 # Restart boundaries. systemd[1] starting the unit: "Starting sglang-k26-ddtree.service - ...", "Started ...";
@@ -77,14 +87,23 @@ def _text_boundary(line: str) -> bool:
 
 class JournalReader:
     """Input lines (bytes, split on ``\\n`` only) -> entries. The format is detected from the first non-empty
-    line; a format that cannot be judged line by line, or binary input, raises :class:`UsageError` (exit 2)."""
+    line; a format that cannot be judged line by line, or binary input, raises :class:`UsageError` (exit 2).
+
+    Text is journalctl's ``-o short*`` output when its first line of content (not blank, not a ``-- `` line)
+    starts with a journald prefix: then every line's first prefix is the format's and is not part of the message
+    (``prefixed``); else each line is a bare message (``-o cat``), taken whole. A message journalctl did not print
+    (``[N blob data]`` in text, ``"MESSAGE": null`` in JSON; without ``--all``) comes as ``lines.LEFT_OUT``, a FAIL.
+    ``token``, set by the checker, is the judged invocation's token: a text line holding it is handed on even
+    without the marker (the gate fails such a message)."""
 
     def __init__(self, source: str = "input") -> None:
         self.source = source
         self.format: InputFormat | None = None
+        self.prefixed: bool | None = None  # text: journalctl's short* output (None: no line of content yet)
         self.lines = 0
         self.unreadable = 0  # JSON lines that did not parse (judged as text)
-        self.left_out = 0  # JSON entries whose MESSAGE journalctl printed as null (4096 bytes or more, no --all)
+        self.left_out = 0  # messages journalctl did not print (JSON null, "[N blob data]"): each judged a FAIL
+        self.token: str | None = None
         self._invocation = ""
 
     def _detect(self, first: bytes) -> InputFormat:
@@ -121,13 +140,37 @@ class JournalReader:
                     if entry is not None:
                         yield entry
                 continue
+            if self.prefixed is None:
+                self._detect_prefix(lines)
+            prefixed = bool(self.prefixed)
             for number, line in enumerate(lines, base + 1):
                 if MARKER in line:
-                    yield Entry(number, line)
+                    yield Entry(number, line, "", False, False, prefixed)
                 elif (LAUNCH_START in line or "systemd[1]: Start" in line or line.startswith("-- ")) and (
                     _text_boundary(line)
                 ):
-                    yield Entry(number, line, boundary=True)
+                    yield Entry(number, line, boundary=True, prefixed=prefixed)
+                elif " blob data]" in line and (placeholder := self._blob(line, prefixed)) is not None:
+                    yield Entry(number, placeholder)
+                elif (token := self.token) is not None and token in line:
+                    yield Entry(number, line, "", False, False, prefixed)
+
+    def _detect_prefix(self, lines: list[str]) -> None:
+        for line in lines:
+            if line.strip() and not line.startswith("-- "):
+                self.prefixed = JOURNAL_PREFIX_RE.match(line) is not None
+                return
+
+    def _blob(self, line: str, prefixed: bool) -> str | None:
+        """``[N blob data]`` (the whole message) -> the LEFT_OUT message; None for any other line."""
+        message = line
+        if prefixed:
+            m = JOURNAL_PREFIX_RE.match(line)
+            message = line[m.end() :] if m else line
+        if not is_blob_placeholder(message):
+            return None
+        self.left_out += 1
+        return left_out_message(f"{message} in journalctl's text output")
 
     def _detect_in(self, chunk: bytes) -> None:
         """The format, from the first line that is not blank (none yet: decided by a later chunk)."""
@@ -163,7 +206,7 @@ class JournalReader:
             return Entry(number, text, unreadable=True)
         if "MESSAGE" in doc and doc["MESSAGE"] is None:
             self.left_out += 1
-        message = message_text(doc["MESSAGE"] if "MESSAGE" in doc else doc.get("message"))  # journalctl; logs
+        message = message_text(doc["MESSAGE"] if "MESSAGE" in doc else doc.get("message", ""))  # journalctl; logs
         invocation = str(doc.get("_SYSTEMD_INVOCATION_ID") or doc.get("invocation") or "")
         boundary = bool(invocation and self._invocation and invocation != self._invocation)
         self._invocation = invocation or self._invocation
@@ -258,6 +301,7 @@ class Invocation:
     last_line: int = 0
     parity_lines: int = 0  # parity lines seen (before and after the decision, ignored ones included)
     lines: list[CheckedLine] = field(default_factory=list)  # listed: counted, first ignored, first late failures
+    token_fixed: bool = False  # a parity line has set the token (a message journalctl left out does not)
     ignored: int = 0  # every IGNORED judgement (wrong/missing token, marker inside another message)
     counted_unlisted: int = 0
     late: dict[LineVerdict, int] = field(default_factory=lambda: dict.fromkeys(LineVerdict, 0))
@@ -309,9 +353,15 @@ class Invocation:
 
     def absorb(self, other: Invocation) -> None:
         """``other`` is this one's continuation (the same token after a restart boundary: an automatic restart
-        of the same deploy, which its gate judged as one run). It holds no parity line yet."""
+        of the same deploy, which its gate judged as one run). It holds no parity line that set a token yet; the
+        lines it counted (messages journalctl left out) are judged again here."""
         for c in other.lines:
-            self.add(c.number, c.judgement)
+            j = c.judgement
+            if j.line is not None and j.verdict is not LineVerdict.IGNORED and not j.after_decision:
+                decided = self.state.decided
+                verdict = self.state.feed(j.line, 0.0)
+                j = Judgement(verdict, line_reason(self.state, j.line, verdict), j.raw, j.line, after_decision=decided)
+            self.add(c.number, j)
         self.ignored += other.ignored - other._ignored_listed
         self.last_line = max(self.last_line, other.last_line)
 
@@ -348,7 +398,7 @@ class ParityCheck:
     input_lines: int = 0
     input_format: str = "text"
     unreadable: int = 0
-    left_out: int = 0  # JSON entries journalctl printed without their MESSAGE (see JournalReader.left_out)
+    left_out: int = 0  # messages journalctl did not print (see JournalReader.left_out), each a FAIL
 
     @property
     def state(self) -> GateState:
@@ -388,13 +438,23 @@ class ParityCheck:
             "lines": [c.to_json() for c in self.judged.lines],
         }
 
+
 class _Checker:
     """Cuts entries into invocations (without a given token) and feeds each one's gate."""
 
-    def __init__(self, settings: GateSettings, tp: int | None, token: str | None) -> None:
+    def __init__(
+        self, settings: GateSettings, tp: int | None, token: str | None, reader: JournalReader | None = None
+    ) -> None:
         self.settings, self.tp, self.given = settings, tp, token
+        self.reader = reader
         self.done: list[Invocation] = []
         self.current = self._new(1, 1)
+        self._watch(token)
+
+    def _watch(self, token: str | None) -> None:
+        """Tell the reader the judged invocation's token (a text line holding it comes even without the marker)."""
+        if self.reader is not None:
+            self.reader.token = token
 
     def _new(self, index: int, first_line: int) -> Invocation:
         state = GateState(
@@ -417,14 +477,15 @@ class _Checker:
     def _place(self, token: str | None, number: int) -> Invocation:
         """The invocation a parity line carrying ``token`` (None: none) belongs to."""
         cur = self.current
-        if not cur.parity_lines:
+        if not cur.token_fixed:
             prev = self.done[-1] if self.done else None
             if token is not None and prev is not None and prev.token == token:
                 self.done.pop()  # the same token after a boundary: the same deploy's automatic restart
                 prev.absorb(cur)
                 self.current = prev
                 return prev
-            cur.state.token = token
+            cur.state.token, cur.token_fixed = token, True
+            self._watch(token)
             return cur
         if token is not None and token != cur.token:
             self._start_new(number)
@@ -433,8 +494,9 @@ class _Checker:
 
     def feed(self, entry: Entry) -> None:
         number, message = entry.number, entry.message
+        prefixed = entry.prefixed
         marked = MARKER in message
-        rec = parse_line(message) if marked else None
+        rec = parse_line(message, journal_prefix=prefixed) if marked else None
         if rec is None and marked and entry.unreadable:
             rec = malformed_line(message, "a JSON line that does not parse")
         cur = self.current
@@ -442,14 +504,21 @@ class _Checker:
             if entry.boundary and cur.parity_lines:
                 cur = self._start_new(number)
             if isinstance(rec, ParityLine):
-                cur = self._place(rec.token, number)
+                if not rec.hidden:  # a message journalctl left out fails the invocation it falls in
+                    cur = self._place(rec.token, number)
+            elif rec is None and marked and not cur.token_fixed and (loose := loose_token(message)) is not None:
+                cur = self._place(loose, number)  # the marker inside another message, first of its invocation
         if isinstance(rec, ParityLine):
             decided = cur.state.decided
             cur.add_line(number, rec, cur.state.feed(rec, 0.0), decided)  # judge_record's steps, reason on demand
-        elif rec is None and marked:
-            j = judge(cur.state, message, 0.0)  # the marker inside another message: IGNORED
+        elif (rec is None and marked) or (cur.token is not None and cur.token in message):
+            # The marker inside another message (IGNORED; a FAIL when it holds the token), or the token in a
+            # message without the marker (a FAIL): the gate's judge says which.
+            j = judge(cur.state, message, 0.0, journal_prefix=prefixed)
             if j is not None:
                 cur.add(number, j)
+            else:
+                cur.last_line = number
         else:
             cur.last_line = number
 
@@ -460,10 +529,16 @@ class _Checker:
 
 
 def check_entries(
-    entries: Iterable[Entry], settings: GateSettings, *, tp: int | None = None, token: str | None = None
+    entries: Iterable[Entry],
+    settings: GateSettings,
+    *,
+    tp: int | None = None,
+    token: str | None = None,
+    reader: JournalReader | None = None,
 ) -> ParityCheck:
-    """Judge journal entries as the deploy's gate would (see the module's docstring for which lines)."""
-    checker = _Checker(settings, tp, token)
+    """Judge journal entries as the deploy's gate would (see the module's docstring for which lines). ``reader``:
+    the :class:`JournalReader` the entries come from (its text format, and the token it watches for)."""
+    checker = _Checker(settings, tp, token, reader)
     for entry in entries:
         checker.feed(entry)
     judged, invocations = checker.finish()
@@ -482,7 +557,7 @@ def check_journal(
     the text; the CLI streams bytes through :class:`JournalReader` itself."""
     data = text if isinstance(text, str) else "\n".join(x.rstrip("\n") for x in text)
     reader = JournalReader(source)
-    result = check_entries(reader.read([data.encode()]), settings, tp=tp, token=token)
+    result = check_entries(reader.read([data.encode()]), settings, tp=tp, token=token, reader=reader)
     result.input_lines, result.unreadable, result.left_out = reader.lines, reader.unreadable, reader.left_out
     result.input_format = str(reader.format or InputFormat.TEXT)
     return result

@@ -38,6 +38,9 @@ JOURNAL_ERROR_MAX = 300
 MANIFEST_MAX_CHARS = 4 << 20
 SMALL_FILE_MAX_CHARS = 4096  # parity.env, the lock's owner record
 HASH_CHUNK = 1 << 20
+# kdtree_backend.wire.LEFT_OUT (this program imports nothing of the release; tests/journal pins the two): what a
+# message journalctl did not print is handed on as, so the health check fails it instead of skipping it.
+LEFT_OUT = "[kdtree] <a message journalctl left out>"
 SKIPPED_DIRS = ("__pycache__",)  # written by the service's own imports: never part of a release's manifest
 
 
@@ -117,6 +120,7 @@ def journal_argv(unit: str, invocation: str, window_s: float) -> list[str]:
         f"-{int(window_s)}s",
         "-o",
         "json",
+        "--all",  # without it a message of 4096 bytes or more comes as null: a long parity line never seen
         "--output-fields=MESSAGE",
         "--no-pager",
         "-q",
@@ -125,7 +129,8 @@ def journal_argv(unit: str, invocation: str, window_s: float) -> list[str]:
 
 def parity_lines(journal_json: str, marker: str, max_lines: int) -> list[list[Any]]:
     """journalctl's JSON lines -> the last ``max_lines`` [epoch seconds, message] whose message holds ``marker``.
-    A line that is not JSON is skipped; a message journald stored as bytes (a list of ints) is decoded."""
+    A line that is not JSON is skipped; a message journald stored as bytes (a list of ints) is decoded; a MESSAGE
+    that is null (journalctl left it out) is :data:`LEFT_OUT`, kept and failed by the reader, never skipped."""
     lines: list[list[Any]] = []
     # One entry per \n: journalctl prints U+2028 raw inside a JSON string, which str.splitlines() would cut.
     for raw in journal_json.split("\n"):
@@ -133,9 +138,13 @@ def parity_lines(journal_json: str, marker: str, max_lines: int) -> list[list[An
             e = json.loads(raw)
         except ValueError:
             continue
-        m = e.get("MESSAGE")
-        if isinstance(m, list):
+        if not isinstance(e, dict):
+            continue
+        m = e.get("MESSAGE", "")
+        if isinstance(m, list) and all(isinstance(v, int) and 0 <= v <= 255 for v in m):
             m = bytes(m).decode("utf-8", "replace")
+        elif not isinstance(m, str):
+            m = f"{LEFT_OUT}: MESSAGE {'null' if m is None else 'not text'} in journalctl's JSON"
         if isinstance(m, str) and marker in m:
             lines.append([int(e.get("__REALTIME_TIMESTAMP", "0")) / 1e6, m])
     return lines[-max_lines:]

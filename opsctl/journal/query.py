@@ -1,21 +1,29 @@
 """journalctl queries, each beside the function that reads its output: the gate's mark (:func:`mark_command`,
 :func:`parse_mark`) and poll (:func:`poll_command`, :func:`parse_poll`: the unit's state and the new entries,
-resumable by cursor), the logs command (JSON entries, :func:`parse_entries`), the latest parity lines."""
+resumable by cursor), the logs command (JSON entries, :func:`parse_entries`), the latest parity lines.
+
+Every read passes ``--all`` (``-a``): without it journalctl prints a field of 4096 bytes or more as ``null`` in JSON
+and a message with a control character as ``[N blob data]`` in text, so a long or garbled parity line would be
+dropped unseen. A message that still comes back so is handed on as ``wire.LEFT_OUT`` (:func:`message_text`), which
+the gate fails: never skipped."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from kdtree_backend.wire import MARKER
+from kdtree_backend.wire import LEFT_OUT, MARKER
 
 from ..hostdata.facts import UnitObservation, parse_systemctl_show, unit_show_command
 from ..unit.systemctl import service
 
 SEPARATOR = "--- opsctl journal ---"
 ENTRY_FIELDS = "MESSAGE,_SYSTEMD_INVOCATION_ID,__REALTIME_TIMESTAMP"
+# A JSON entry whose MESSAGE is a byte array (not printable UTF-8) or null: text grep cannot search for the marker.
+KEEP_UNDECODED = r'"MESSAGE" ?: ?(\[|null)'
 POLL_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "InvocationID", "Result")
 
 
@@ -23,7 +31,7 @@ def mark_command(unit: str) -> str:
     """The unit's InvocationID (first line), then the journal's last cursor as one JSON line."""
     return (
         f"systemctl show -p InvocationID --value {shlex.quote(service(unit))}; "
-        f"journalctl -n 1 -o json --output-fields=__CURSOR --no-pager -q 2>/dev/null | tail -n 1"
+        f"journalctl -n 1 -o json --all --output-fields=__CURSOR --no-pager -q 2>/dev/null | tail -n 1"
     )
 
 
@@ -32,26 +40,28 @@ def poll_command(unit: str, cursor: str | None) -> str:
     after = f" --after-cursor={shlex.quote(cursor)}" if cursor else ""
     return (
         f"{unit_show_command(unit, POLL_PROPERTIES)}; echo {shlex.quote(SEPARATOR)}; "
-        f"journalctl _SYSTEMD_UNIT={shlex.quote(service(unit))} -o json --output-fields={ENTRY_FIELDS} "
+        f"journalctl _SYSTEMD_UNIT={shlex.quote(service(unit))} -o json --all --output-fields={ENTRY_FIELDS} "
         f"--no-pager -q{after}"
     )
 
 
 def logs_command(unit: str, *, since: str | None, lines: int, follow: bool, kdtree_only: bool) -> str:
     """The unit's journal as JSON lines: since a time, or the last ``lines``; ``kdtree_only`` keeps the
-    ``[kdtree]`` lines (grep exits 1 when there are none)."""
-    argv = ["journalctl", "-u", service(unit), "-o", "json", "--output-fields=MESSAGE,__REALTIME_TIMESTAMP"]
+    ``[kdtree]`` lines, and every entry whose MESSAGE is a byte array or null (it may hold the marker; the reader
+    decodes and judges it), grep exiting 1 when there are none."""
+    argv = ["journalctl", "-u", service(unit), "-o", "json", "--all", "--output-fields=MESSAGE,__REALTIME_TIMESTAMP"]
     argv += ["--no-pager", "-q", *(["--since", since] if since else ["-n", str(lines)])]
     if follow:
         argv.append("-f")
     command = shlex.join(argv)
-    return command + " | grep --line-buffered -F " + shlex.quote(MARKER) if kdtree_only else command
+    keep = "|".join([re.escape(MARKER), KEEP_UNDECODED])
+    return command + " | grep --line-buffered -E " + shlex.quote(keep) if kdtree_only else command
 
 
 def latest_parity_lines_command(invocation_id: str, count: int = 64) -> str:
     """The last ``count`` ``[kdtree] L`` lines of one invocation, as plain messages."""
     return (
-        f"journalctl _SYSTEMD_INVOCATION_ID={shlex.quote(invocation_id)} -o cat --no-pager -q "
+        f"journalctl _SYSTEMD_INVOCATION_ID={shlex.quote(invocation_id)} -o cat --all --no-pager -q "
         f"| grep -F {shlex.quote(MARKER + ' L')} | tail -n {int(count)}"
     )
 
@@ -87,10 +97,15 @@ def parse_mark(stdout: str) -> Mark:
 
 
 def message_text(value: Any) -> str:
-    """journald's MESSAGE is a string, or a byte array when it is not valid UTF-8."""
-    if isinstance(value, list):
-        return bytes(v & 0xFF for v in value if isinstance(v, int)).decode("utf-8", "replace")
-    return value if isinstance(value, str) else ""
+    """A JSON entry's MESSAGE as text: a string; a byte array (a message that is not printable UTF-8) decoded; a
+    ``null`` (journalctl left it out: 4096 bytes or more without ``--all``) or anything else as ``wire.LEFT_OUT``,
+    which the gate fails. An entry with no MESSAGE field at all is the caller's "" (``doc.get("MESSAGE", "")``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, int) and 0 <= v <= 255 for v in value):
+        return bytes(value).decode("utf-8", "replace")
+    shown = "null" if value is None else f"a JSON {type(value).__name__}"
+    return f"{LEFT_OUT}: MESSAGE {shown} in journalctl's JSON"
 
 
 def parse_entries(text: str) -> list[Entry]:
@@ -111,7 +126,7 @@ def parse_entries(text: str) -> list[Entry]:
         out.append(
             Entry(
                 cursor=cursor,
-                message=message_text(doc.get("MESSAGE")),
+                message=message_text(doc.get("MESSAGE", "")),
                 invocation=str(doc.get("_SYSTEMD_INVOCATION_ID", "")),
                 realtime_us=int(doc.get("__REALTIME_TIMESTAMP") or 0),
             )

@@ -35,7 +35,9 @@ def parity(rel: str = "1.0e-03", rank: int = 0, layer: int = 30, token: str | No
 REAL = parity()
 NO_TOKEN = parity(token=None)
 WRONG_TOKEN = parity(token=OTHER)
-MISPLACED = f"INFO: request body was {parity()}"  # the marker inside another message (a logged request)
+MISPLACED = f"INFO: request body was {parity(token=OTHER)}"  # the marker inside another message (a logged request)
+# The same holding the invocation's token: its own output glued to another message, or a leak: a FAIL (issue 36).
+GLUED = f"kdtree-standin: served rid=1 e2e_latency=0.540s{parity()}"
 
 
 @pytest.mark.parametrize(
@@ -45,6 +47,8 @@ MISPLACED = f"INFO: request body was {parity()}"  # the marker inside another me
         (NO_TOKEN, LineVerdict.IGNORED),
         (WRONG_TOKEN, LineVerdict.IGNORED),
         (MISPLACED, LineVerdict.IGNORED),
+        (GLUED, LineVerdict.FAIL),
+        (f"INFO: request body was {parity()}", LineVerdict.FAIL),
         (parity("9.0e-01"), LineVerdict.FAIL),
         (parity("2.0e-02"), LineVerdict.INCONCLUSIVE),
         (parity(rank=5), LineVerdict.FAIL),  # a rank outside the unit's 2 TP ranks: malformed here, as at the gate

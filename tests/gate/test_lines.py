@@ -43,15 +43,16 @@ def test_parity_line_verbatim() -> None:
     "prefix,rank", [(JOURNAL, None), (SGLANG, 3), (JOURNAL + SGLANG, 3), ("[2026-05-31 13:04:12 DP0 TP7 EP7] ", 7)]
 )
 def test_prefixes(prefix: str, rank: int | None) -> None:
-    p = parse_line(prefix + PARITY)
-    s = parse_line(prefix + SHAPES)
+    journal = prefix.startswith(JOURNAL)  # journalctl's text output adds it: stripped only there
+    p = parse_line(prefix + PARITY, journal_prefix=journal)
+    s = parse_line(prefix + SHAPES, journal_prefix=journal)
     assert isinstance(p, ParityLine) and p.rank == rank and p.layer == 56
     assert "missing tp" in p.problems  # the design example predates tp=: such a line can never pass
     assert isinstance(s, ShapesLine) and s.rank == rank and s.tuple_of("q") == (9, 8, 576)
 
 
 def test_hostname_with_tp_is_not_a_rank() -> None:
-    rec = parse_line("May 31 13:04:12 gpuTP5 python[1]: " + PARITY)
+    rec = parse_line("May 31 13:04:12 gpuTP5 python[1]: " + PARITY, journal_prefix=True)
     assert isinstance(rec, ParityLine) and rec.rank is None
 
 
@@ -98,7 +99,7 @@ GOOD = "[kdtree] L3 max_abs_diff=1.0e-03 mean=1.0e-04 rel=2.0e-03 tp=0 token=fee
     ],
 )
 def test_a_well_formed_line_has_no_problems(prefix: str) -> None:
-    rec = parse_line(prefix + GOOD)
+    rec = parse_line(prefix + GOOD, journal_prefix=bool(prefix) and not prefix.startswith("["))
     assert isinstance(rec, ParityLine), prefix
     assert rec.problems == () and rec.rank == 0 and rec.token == "feedc0de12345678" and rec.rel == 2e-3
 
@@ -116,6 +117,19 @@ def test_a_well_formed_line_has_no_problems(prefix: str) -> None:
 def test_the_marker_must_start_the_message(text: str) -> None:
     assert parse_line(text) is None
     assert misplaced_marker(text)
+
+
+@pytest.mark.parametrize("journal_prefix", [False, True])
+def test_a_journald_prefix_in_the_message_itself_is_not_stripped(journal_prefix: bool) -> None:
+    """Issue 36, item 3: a message that starts with a journald-style prefix is its own text, in JSON (bare) and
+    after the format's prefix in short* text alike: not a marked line in either reading."""
+    message = "May 31 13:04:12 h x[1]: " + PARITY + " tp=0"
+    line = JOURNAL + message if journal_prefix else message
+    assert parse_line(line, journal_prefix=journal_prefix) is None
+    assert misplaced_marker(line, journal_prefix=journal_prefix)
+    # The format's prefix alone is stripped; a bare message needs none.
+    assert isinstance(parse_line(JOURNAL + PARITY, journal_prefix=True), ParityLine)
+    assert parse_line(JOURNAL + PARITY) is None and isinstance(parse_line(PARITY), ParityLine)
 
 
 def test_a_plain_line_is_not_a_misplaced_marker() -> None:

@@ -37,9 +37,12 @@ def test_a_silent_rank_is_nodata() -> None:
     assert check.verdict is Verdict.NODATA and "TP rank(s) 1" in check.state.reason
 
 
+OTHER = "ffffffffffffffff"
+
+
 def test_forged_lines_cannot_pass() -> None:
     forged = [
-        f"{J}INFO request text: please print [kdtree] L56 max_abs_diff=0 mean=0 rel=0 tp=0 token={TOKEN}",
+        f"{J}INFO request text: please print [kdtree] L56 max_abs_diff=0 mean=0 rel=0 tp=0 token={OTHER}",
         *(good(layer, 0, token="ffffffffffffffff") for layer in (0, 30, 60)),
         *(good(layer, 0).replace(f" token={TOKEN}", "") for layer in (0, 30, 60)),
     ]
@@ -49,6 +52,37 @@ def test_forged_lines_cannot_pass() -> None:
     assert check.judged.ignored == 7 and check.state.lines == 0
     assert [c.judgement.verdict for c in check.lines] == [LineVerdict.IGNORED] * 5
     assert "inside another message" in check.lines[0].judgement.reason
+
+
+GLUED = (
+    "kdtree-standin: served rid=7 prompt_tokens=4 completion_tokens=8 e2e_latency=0.540s"
+    f"[kdtree] L0 max_abs_diff=1.0e-03 mean=1.0e-04 rel=2.1662e-02 tp=0 token={TOKEN}"
+)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        GLUED,  # issue 36: a served-request line and a parity line reached journald as one message
+        GLUED.replace("rel=2.1662e-02", "rel=2.0e-03"),  # even with a passing rel: not a line the backend prints
+        f"INFO request text: please print [kdtree] L56 max_abs_diff=0 mean=0 rel=0 tp=0 token={TOKEN}",
+        f"INFO prompt: the secret is {TOKEN}",  # the token without the marker: the service's output, or a leak
+        f"[kdtree] L0 max_abs_diff=1.0e-03 mean=1.0e-04 rel=2.0e-03 tp=0 token={OTHER} note={TOKEN}",
+    ],
+)
+def test_a_message_holding_the_token_is_a_fail_never_ignored(message: str) -> None:
+    """Only a process that read the root-only token file can write the token: such a message is the service's own
+    output, a well-formed line or a FAIL (issue 36, item 2), with the token given or found, in text and JSON."""
+    # Without --token, a line whose token= names another token starts an invocation of its own (docs/gate.md):
+    # only the given token can tell that it holds this one elsewhere.
+    for given in (TOKEN, None) if f"token={OTHER}" not in message else (TOKEN,):
+        check = check_journal([*passing(1)[:2], J + message, *passing(1)], S, tp=1, token=given)
+        assert check.verdict is Verdict.FAIL, (given, check.state.reason)
+        assert [c.judgement.verdict for c in check.lines if c.number == 3] == [LineVerdict.FAIL]  # the message
+        data = "\n".join(journald_json(m.removeprefix(J)) for m in [*passing(1)[:2], message, *passing(1)])
+        assert check_journal(data, S, tp=1, token=given).verdict is Verdict.FAIL
+    # The glued line first in its invocation, no token given: it is placed by the token it holds, and fails it.
+    assert check_journal([J + GLUED, *passing(1)], S, tp=1).verdict is Verdict.FAIL
 
 
 def test_without_a_token_everything_else_is_still_checked() -> None:
@@ -120,7 +154,7 @@ def test_only_newline_splits_lines(sep: str) -> None:
     """journalctl prints U+2028 (and the rest) raw inside one message; the live gate judges the message whole."""
     inside = f"{J}INFO: prompt=x{sep}[kdtree] L0 max_abs_diff=0 mean=0 rel=0 tp=0 token={TOKEN}"
     res = run_check("-", "--tp", "1", "--token", TOKEN, "--json", data=(inside + "\n").encode())
-    assert verdict_of(res) == "NODATA" and res.returncode == 31, res.stdout  # was PASS
+    assert verdict_of(res) == "FAIL" and res.returncode == 31, res.stdout  # was PASS; holds the token: FAIL
     tail = good(0, 0) + f"{sep}rel=0.9"
     res = run_check("-", "--tp", "1", "--token", TOKEN, "--json", data=("\n".join([tail, *passing(1)]) + "\n").encode())
     assert verdict_of(res) == "FAIL", res.stdout  # was PASS
@@ -219,7 +253,7 @@ def test_help_names_the_formats() -> None:
 # ------------------------------------------------------------------------------------------- size: bounded and honest
 def test_json_lists_counted_lines_and_the_first_ignored_with_honest_totals() -> None:
     forged = [good(n, 0, token="f" * 32) for n in range(50)]
-    misplaced = [f"{J}INFO request: print [kdtree] L0 max_abs_diff=0 mean=0 rel=0 tp=0 token={TOKEN}"] * 10
+    misplaced = [f"{J}INFO request: print [kdtree] L0 max_abs_diff=0 mean=0 rel=0 tp=0 token={OTHER}"] * 10
     res = run_check(
         "-", "--tp", "1", "--token", TOKEN, "--json", data=("\n".join([*forged, *misplaced, *passing(1)])).encode()
     )
@@ -329,6 +363,7 @@ def test_usage_errors_under_json_are_json(args: list[str]) -> None:
 def test_messages_journalctl_left_out_are_counted_and_named() -> None:
     data = "\n".join([journald_json(None), *(journald_json(m.removeprefix(J)) for m in passing(1))])  # type: ignore[arg-type]
     res = run_check("-", "--tp", "1", "--token", TOKEN, data=data.encode())
-    assert res.returncode == 0 and b"rerun journalctl with --all" in res.stderr
+    assert res.returncode == 31 and b"rerun journalctl with --all" in res.stderr  # was exit 0: PASS
     doc = json.loads(run_check("-", "--tp", "1", "--json", data=data.encode()).stdout)
-    assert doc["input"]["messages_left_out"] == 1
+    assert doc["input"]["messages_left_out"] == 1 and doc["verdict"] == "FAIL"
+    assert "journalctl left the message out" in doc["reason"]

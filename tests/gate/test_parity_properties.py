@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from opsctl.gate.decision import GateState, LineVerdict, judge
-from opsctl.gate.lines import ShapesLine, _fast_parity, _parse_full, key_mask_warning, parse_line
+from opsctl.gate.lines import ParityLine, ShapesLine, _fast_parity, _parse_full, key_mask_warning, parse_line
 from opsctl.gate.parity_check import check_journal
 from opsctl.inventory import GateSettings
 
@@ -27,6 +27,8 @@ PREFIXES = [
     "[2026-05-31 13:04:12 TP1] ",
     "Sun 2026-05-31 13:04:12 UTC ct200 python[1]: ",
 ]
+# The prefixes journalctl's text output adds (parsed with journal_prefix=True); the others belong to the message.
+JOURNAL_PREFIXES = {p for p in PREFIXES if p and not p.startswith("[")}
 DIGITS = "0123456789"
 REQUIRED = ("max_abs_diff", "mean", "rel", "tp", "token")
 # What a hostile or broken writer may put in a line: look-alike digits, signs, separators, controls, spaces.
@@ -95,9 +97,9 @@ def reference_pass(message: str, token: str, pass_rel: float, tp: int) -> bool:
     return float(fields["rel"]) <= pass_rel
 
 
-def line_verdict(line: str, token: str = TOKEN) -> LineVerdict | None:
+def line_verdict(line: str, token: str = TOKEN, *, journal_prefix: bool = False) -> LineVerdict | None:
     state = GateState(settings=SETTINGS, started_at=0.0, deadline_s=1.0, expected_ranks=TP, token=token)
-    j = judge(state, line, 0.0)
+    j = judge(state, line, 0.0, journal_prefix=journal_prefix)
     return None if j is None else j.verdict
 
 
@@ -147,20 +149,28 @@ def mutated(draw: st.DrawFn, base: st.SearchStrategy[str]) -> str:
     return text
 
 
+JOURNAL_LINES_BASE = st.one_of(
+    good_messages(),
+    mutated(good_messages()),
+    st.sampled_from(["INFO: serving", "", "[kdtree] shapes q=(9, 8, 576)", "[kdtree] fallback reason=x"]),
+)
+
+
 # ------------------------------------------------------------------------------------------------------- properties
 @given(prefix=st.sampled_from(PREFIXES), message=mutated(good_messages()))
 def test_safety_only_a_well_formed_line_with_the_token_passes(prefix: str, message: str) -> None:
     prefix = prefix.replace("TP1", "TP" + message.partition(" tp=")[2][:1]) if "TP1" in prefix else prefix
-    verdict = line_verdict(prefix + message)
+    verdict = line_verdict(prefix + message, journal_prefix=prefix in JOURNAL_PREFIXES)
     if verdict is LineVerdict.PASS:
         assert reference_pass(message, TOKEN, SETTINGS.pass_rel, TP), prefix + message
 
 
 @given(line=mutated(st.sampled_from(PREFIXES).flatmap(lambda p: good_messages().map(lambda m: p + m))))
 def test_safety_with_the_prefix_mutated_too(line: str) -> None:
-    if line_verdict(line) is LineVerdict.PASS:
-        starts = [i for i in range(len(line)) if line.startswith("[kdtree] L", i)]
-        assert any(reference_pass(line[i:], TOKEN, SETTINGS.pass_rel, TP) for i in starts), line
+    for journal_prefix in (False, True):
+        if line_verdict(line, journal_prefix=journal_prefix) is LineVerdict.PASS:
+            starts = [i for i in range(len(line)) if line.startswith("[kdtree] L", i)]
+            assert any(reference_pass(line[i:], TOKEN, SETTINGS.pass_rel, TP) for i in starts), line
 
 
 @given(message=good_messages(), other=st.text(alphabet="0123456789abcdef", min_size=8, max_size=40))
@@ -176,7 +186,7 @@ def test_liveness_a_well_formed_line_at_or_below_the_threshold_passes(prefix: st
     rank = message.partition(" tp=")[2].split(" ")[0]
     prefix = prefix.replace("TP1", f"TP{rank}")
     rel = float(message.partition(" rel=")[2].split(" ")[0])
-    verdict = line_verdict(prefix + message)
+    verdict = line_verdict(prefix + message, journal_prefix=prefix in JOURNAL_PREFIXES)
     if rel <= SETTINGS.pass_rel:
         assert verdict is LineVerdict.PASS, prefix + message
     else:
@@ -186,11 +196,66 @@ def test_liveness_a_well_formed_line_at_or_below_the_threshold_passes(prefix: st
 @given(prefix=st.sampled_from(PREFIXES), message=st.one_of(good_messages(), mutated(good_messages())))
 def test_the_fast_path_agrees_with_the_full_parse(prefix: str, message: str) -> None:
     line = prefix + message
-    fast = _fast_parity(line)
-    if fast is not None:
-        assert fast == _parse_full(line)
-    whole = line.removesuffix("\n")  # parse_line takes one trailing newline as the line's end
-    assert parse_line(line) == (_fast_parity(whole) or _parse_full(whole))
+    for jp in (False, True):
+        fast = _fast_parity(line, jp)
+        if fast is not None:
+            assert fast == _parse_full(line, jp)
+        whole = line.removesuffix("\n")  # parse_line takes one trailing newline as the line's end
+        assert parse_line(line, journal_prefix=jp) == (_fast_parity(whole, jp) or _parse_full(whole, jp))
+
+
+# --------------------------------------------------------------- issue 36: the token anywhere; one reading per message
+TOKEN_HOLDERS = st.one_of(
+    mutated(good_messages()),
+    st.tuples(st.text(st.characters(codec="utf-8"), max_size=40), mutated(good_messages())).map("".join),
+    st.tuples(
+        st.text(st.characters(codec="utf-8"), max_size=40), st.text(st.characters(codec="utf-8"), max_size=40)
+    ).map(lambda t: t[0] + TOKEN + t[1]),
+    st.sampled_from(
+        [
+            "kdtree-standin: served rid=1 e2e_latency=0.540s",
+            "May 31 13:04:12 h x[1]: ",
+            "INFO request text: please print ",
+        ]
+    ).flatmap(lambda head: good_messages().map(lambda m: head + m)),
+)
+
+
+@given(message=TOKEN_HOLDERS)
+def test_safety_a_message_holding_the_token_is_never_ignored(message: str) -> None:
+    """Only the invocation can write its token: a message holding it is a well-formed line with that token=, a
+    well-formed shapes or fallback line, or a FAIL. Never IGNORED, never dropped."""
+    if TOKEN not in message:
+        return
+    for jp in (False, True):
+        verdict = line_verdict(message, journal_prefix=jp)
+        rec = parse_line(message, journal_prefix=jp)
+        if verdict is None:
+            assert rec is not None and not isinstance(rec, ParityLine), message
+        else:
+            assert verdict is not LineVerdict.IGNORED, message
+            if verdict is not LineVerdict.FAIL:
+                assert isinstance(rec, ParityLine) and rec.token == TOKEN and not rec.problems, message
+
+
+@given(prefix=st.sampled_from(sorted(JOURNAL_PREFIXES)), message=st.one_of(JOURNAL_LINES_BASE, TOKEN_HOLDERS))
+def test_a_message_reads_the_same_bare_and_after_the_format_s_prefix(prefix: str, message: str) -> None:
+    """A JSON MESSAGE (bare) and the same entry in journalctl's short* text get the same verdict: the format's
+    prefix is stripped, never one that is the message's own text (issue 36, item 3)."""
+    if "\n" in message:
+        return
+    assert line_verdict(message) == line_verdict(prefix + message, journal_prefix=True), message
+    assert parse_line(message) == _strip_raw(parse_line(prefix + message, journal_prefix=True), prefix)
+
+
+def _strip_raw(rec: object, prefix: str) -> object:
+    """The record with the format's prefix taken off its raw text (the one field that differs)."""
+    if rec is None:
+        return None
+    import dataclasses
+
+    raw = rec.raw.removeprefix(prefix)  # type: ignore[attr-defined]
+    return dataclasses.replace(rec, raw=raw)  # type: ignore[type-var]
 
 
 JOURNAL_LINES = st.one_of(
