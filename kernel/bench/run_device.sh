@@ -135,7 +135,10 @@ for stage in $stages; do
       rm -f "$OUT"/sglang-kit*.jsonl
       KDTREE_KIT_RESULTS="$OUT" timeout "${KIT_TIMEOUT:-570}" python3 -m pytest -m gpu tests/backend/test_sglang_kit_gpu.py \
         -v -rA --noconftest -p no:cacheprovider --timeout 560 2>&1 | tee "$OUT/sglang-kit.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|stubs installed|Error" | tail -80
-      [ "${PIPESTATUS[0]}" = 0 ] || exit 17 ;;
+      status=${PIPESTATUS[0]}
+      [ -s "$OUT/sglang-kit.jsonl" ] && python3 tests/backend/sglang_kit.py --summarize "$OUT"/sglang-kit.jsonl \
+        $( [ -s "$OUT/sglang-kit-bug.jsonl" ] && echo "$OUT/sglang-kit-bug.jsonl" ) > "$OUT/sglang-kit.md"
+      [ "$status" = 0 ] || exit 17 ;;
     all-tests)
       python3 -m pytest -m gpu tests/ -v --timeout 300 2>&1 | tee "$OUT/gpu-tests-$TAG.log" | tail -25 ;;
   esac

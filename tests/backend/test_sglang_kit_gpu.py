@@ -97,7 +97,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def bug_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("kit-bug")
     root = buggy_release("drafts", tmp)
-    found = run_driver(tmp, cases=list(kit.BUG_CASES), backends="kdtree", backend_root=root)
+    found = run_driver(tmp, cases=[*kit.BUG_CASES, *kit.BUG_LONG_CASES], backends="kdtree", backend_root=root)
     assert found["header"]["kdtree_backend"] == str(root / "backend" / "kdtree_backend")  # the buggy copy ran
     return found
 
@@ -151,3 +151,15 @@ def test_classic_bug_fails_the_kit_and_its_parity(bug_results: dict[str, Any], n
     assert buggy["kernel_calls"][0]["key_lens"] == list(case.prefix_lens)  # the drafts left out of the keys
     lines = parity_rels(buggy)
     assert lines and [verdict(line) for line in lines] == [line_verdict.FAIL] * len(lines), lines
+
+
+@pytest.mark.parametrize("name", kit.BUG_LONG_CASES)
+def test_classic_bug_at_long_prefixes_never_passes_the_gate(bug_results: dict[str, Any], name: str) -> None:
+    """Thousands of prefix keys with the kit's random weights dilute the bug (``kit.BUG_LONG_CASES``): the kit may
+    miss it there, the gate must not pass it."""
+    buggy = bug_results[(name, "kdtree")]
+    verdict, line_verdict, _ = _gate()
+    lines = parity_rels(buggy)
+    print(f"{name} with the classic bug: kit {buggy['kit'][:120]}; {lines}")
+    assert buggy["kernel_calls"][0]["key_lens"] == list(kit.CASES_BY_NAME[name].prefix_lens)
+    assert lines and line_verdict.PASS not in [verdict(line) for line in lines], lines
