@@ -163,9 +163,9 @@ class CompareSettings(StrictTypes):
     max_slowdown: float = Field(0.10, ge=0, lt=1)  # FAIL when decode is slower than 1 - this (and p < alpha)
     alpha: float = Field(0.01, gt=0, le=0.5)  # the one-sided Mann-Whitney U test's level
     max_accept_drop: float = Field(0.10, ge=0, lt=1)  # FAIL when mean spec_accept_length drops more (and p < alpha)
-    # The speed is compared only when the two sides' mean server load (sglang:num_running_reqs, read around each
-    # request) differs by at most this many running requests; else "cannot decide" (answers still judged).
-    max_load_diff: float = Field(1.0, ge=0, le=1e6)
+    # The speed is compared only when the busier side's 1 + mean load (sglang:num_running_reqs, read around each
+    # request) is at most 1 + max_load_diff times the quieter side's (1.0: 2x); else "cannot decide" (docs/gate.md).
+    max_load_diff: float = Field(1.0, ge=0, le=1000)
     enforce: bool = True  # false: the comparison only reports, never fails the deploy
     timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)  # per request
 

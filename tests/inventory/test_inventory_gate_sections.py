@@ -131,7 +131,7 @@ def test_compare_tokens_default_to_all_new_tokens_and_never_exceed_them() -> Non
         ("alpha: 0.6", "alpha"),
         ("max_accept_drop: -1", "max_accept_drop"),
         ("max_load_diff: -1", "max_load_diff"),
-        ("max_load_diff: 1.0e+9", "max_load_diff"),
+        ("max_load_diff: 1001", "max_load_diff"),
         ("warmup: 65", "warmup"),
         ("warmup: -1", "warmup"),
         ("max_new_tokens: 1", "max_new_tokens"),
