@@ -6,6 +6,8 @@ SGLang's. Bounded example counts: tests/conftest.py's profile."""
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -82,3 +84,60 @@ def test_a_wave_of_arbitrary_request_objects_counts_answered_only_when_ok_is_tru
     except ValueError:
         return
     assert wave.answered == sum(1 for r in requests if r.get("ok") is True)
+
+
+# ------------------------------------------------------------------------------------------------ the host's own files
+
+ENV_TEXT = st.text(alphabet=st.sampled_from(list("AB_1= \t\n\r#;x\x85\u2028\x0c")), max_size=80)
+
+
+def reference_env(text: str) -> dict[str, str]:
+    """systemd's reading of a file without quotes or backslashes: lines end at \\n or \\r only; '#'/';' first
+    starts a comment; key and value stripped of spaces and tabs (a value's trailing ones too)."""
+    out: dict[str, str] = {}
+    for line in text.replace("\r", "\n").split("\n"):
+        line = line.lstrip(" \t")
+        if not line or line[0] in "#;" or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        key = key.rstrip(" \t")
+        if key and (key[0].isalpha() or key[0] == "_") and all(c.isalnum() or c == "_" for c in key):
+            out[key] = value.strip(" \t")
+    return out
+
+
+@given(ENV_TEXT)
+def test_environment_files_split_at_newline_and_cr_only(text: str) -> None:
+    """Safety: no assignment starts after U+0085, U+2028 or a form feed (str.splitlines() would split there);
+    on text without quotes or backslashes the reading is the line-based reference's."""
+    assert traffic.parse_environment_file(text) == reference_env(text)
+
+
+@given(st.text(max_size=40).filter(lambda k: "'" not in k))
+def test_a_key_is_sent_only_when_header_safe_and_a_refusal_never_shows_it(key: str) -> None:
+    """Safety: a key that reaches the header encodes as Latin-1 with no control character; a refused one is named
+    by its variable and file only: no character of it that is not plain ASCII text, and not the key itself."""
+    with tempfile.TemporaryDirectory() as d:
+        env = Path(d) / "k.env"
+        env.write_text(f"SECRET_KEY='{key}'\n", encoding="utf-8")
+        value, why = traffic.read_env_value(str(env), "SECRET_KEY")
+        if value is not None:
+            assert value == key and not traffic.header_problem(value)
+            value.encode("latin-1")  # what http.client does with a header value
+        elif key:
+            assert why is not None and traffic.header_problem(key)
+            shown = why.replace(str(env), "")
+            assert all(0x20 <= ord(c) <= 0x7E for c in shown)
+            assert len(key) < 8 or key not in shown
+
+
+@given(st.text(max_size=300))
+def test_metric_value_is_a_finite_non_negative_sum_or_none(text: str) -> None:
+    value = traffic.metric_value(text)
+    assert value is None or (value >= 0 and value != float("inf"))
+
+
+@given(st.lists(st.integers(0, 9), max_size=6), JSON_VALUES)
+def test_merged_ids_only_grow_and_stay_integers(so_far: list[int], chunk: object) -> None:
+    merged = traffic.merged_ids(so_far, chunk)
+    assert merged[: len(so_far)] == so_far and all(type(t) is int for t in merged)
