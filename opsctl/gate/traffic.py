@@ -430,6 +430,8 @@ def plan_lines(host: HostConfig) -> list[str]:
         f"probe: wait for GET http://{LOOPBACK}:{host.service.port}{p.ready_path} = 200 on the host, then waves of "
         f"{p.requests} POST {p.endpoint} ({what}, concurrency {p.concurrency}, max_new_tokens {p.max_new_tokens}, "
         f"temperature 0, stream, timeout {p.timeout_s:g}s, rid {RID_PREFIX}-<random>-<n>) until the gate decides",
-        f"probe: {key}; a failed request fails the gate; every rank must print parity within "
-        f"{p.parity_grace_s:g}s of the first answer",
+        f"probe: {key}; a failed request fails the gate (every request refused, HTTP 4xx: an ERROR of this "
+        f"configuration, not marked bad); every rank must print parity within {p.parity_grace_s:g}s of the first "
+        f"answer; no request starts later than {host.gate.poll_interval_s:g}s into its wave or runs past the "
+        "gate's deadline",
     ]
