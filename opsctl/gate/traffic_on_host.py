@@ -364,8 +364,9 @@ def send_one(
         "tokens": None,
         "output_ids": [],
         "meta": {},
-        "first_tokens": None,
-        "last_s": None,
+        "first_token_s": None,  # when the first chunk carrying tokens came (TTFT for the comparison)
+        "first_tokens": None,  # how many tokens that chunk carried
+        "last_s": None,  # when the last chunk carrying new tokens came
     }
     t0 = time.monotonic()
     timeout = float(cfg["timeout_s"])
@@ -397,7 +398,9 @@ def send_one(
                     now = time.monotonic() - t0
                     count = len(reader.output_ids) if cfg["endpoint"] == "/generate" else reader.tokens or 0
                     if out["ttft_s"] is None:
-                        out["ttft_s"], out["first_tokens"] = now, count
+                        out["ttft_s"] = now
+                    if count > 0 and out["first_token_s"] is None:
+                        out["first_token_s"], out["first_tokens"] = now, count
                     if count > before:
                         out["last_s"] = now
                 if reader.done or reader.problem or reader.error:
@@ -520,19 +523,19 @@ def _finite(value: Any, integer: bool = False) -> Any:
 
 
 def compare_record(rec: dict[str, Any], load: float | None) -> dict[str, Any]:
-    """One measured request in the sample's form (opsctl/gate/sample.py): decode seconds per token after the
-    first token-carrying chunk, from the times this program saw the chunks."""
+    """One measured request in the sample's form (opsctl/gate/sample.py), from the times this program saw the
+    chunks: TTFT to the first chunk carrying tokens, decode seconds per token after it (to the last one)."""
     meta = rec.get("meta") or {}
     ids = rec.get("output_ids") or []
     completion = _finite(meta.get("completion_tokens"), integer=True)
     decode = None
-    first, last, ttft = rec.get("first_tokens"), rec.get("last_s"), rec.get("ttft_s")
+    first, last, ttft = rec.get("first_tokens"), rec.get("last_s"), rec.get("first_token_s")
     if rec["ok"] and first is not None and last is not None and ttft is not None and len(ids) > first:
         decode = (last - ttft) / (len(ids) - first)
     return {
         "output_ids": ids if rec["ok"] else [],
         "decode_s_per_token": decode,
-        "ttft_s": rec["ttft_s"] if rec["ok"] else None,
+        "ttft_s": ttft if rec["ok"] else None,
         "spec_accept_length": _finite(meta.get("spec_accept_length")),
         "spec_verify_ct": _finite(meta.get("spec_verify_ct"), integer=True),
         "completion_tokens": completion if completion is not None else len(ids),

@@ -192,9 +192,9 @@ def test_failed_requests_are_recorded_with_status_and_error(srv: Server) -> None
     assert notes == ["comparison: 1 of 1 warmup request(s) failed"]
 
 
-def test_decode_time_is_per_token_after_the_first(srv: Server) -> None:
-    rec = {"ok": True, "output_ids": [1, 2, 3, 4, 5], "meta": {}, "first_tokens": 1, "ttft_s": 0.5, "last_s": 1.3,
-           "status": 200, "error": None}  # fmt: skip
+def test_ttft_and_decode_time_count_from_the_first_chunk_carrying_tokens() -> None:
+    rec = {"ok": True, "output_ids": [1, 2, 3, 4, 5], "meta": {}, "ttft_s": 0.1, "first_token_s": 0.5,
+           "first_tokens": 1, "last_s": 1.3, "status": 200, "error": None}  # fmt: skip
     out = traffic.compare_record(rec, None)
     assert out["decode_s_per_token"] == pytest.approx(0.2) and out["ttft_s"] == 0.5 and out["completion_tokens"] == 5
 
