@@ -74,6 +74,21 @@ def render_prometheus(results: Sequence[HostHealth]) -> str:
         ("opsctl_health_unit_restarts", "Automatic restarts of the service unit since the last check.", []),
         ("opsctl_health_parity_rel", "Relative error of the parity line the parity check judged.", []),
         ("opsctl_health_disk_free_bytes", "Free bytes on the release root's filesystem.", []),
+        (
+            "opsctl_health_decode_ratio",
+            "Decode speed relative to the sample recorded at the deploy (health --probe).",
+            [],
+        ),
+        (
+            "opsctl_health_decode_seconds_per_token",
+            "Median decode seconds per token of the comparison workload (health --probe).",
+            [],
+        ),
+        (
+            "opsctl_health_accepted_drafts",
+            "Mean accepted draft length of the comparison workload (health --probe).",
+            [],
+        ),
     ]
     by_name = {m[0]: m[2] for m in metrics}
     for r in results:
@@ -88,10 +103,14 @@ def render_prometheus(results: Sequence[HostHealth]) -> str:
             ("unit", "opsctl_health_unit_restarts", 1.0),
             ("parity", "opsctl_health_parity_rel", 1.0),
             ("disk", "opsctl_health_disk_free_bytes", 1024.0 * 1024.0),
+            ("speed", "opsctl_health_decode_ratio", 1.0),
         ):
             c = r.check(check)
             if c is not None and c.value is not None and c.level is not Level.SKIP:
                 by_name[metric].append((host, c.value * scale))
+        for metric, value in r.gauges:
+            if metric in by_name:
+                by_name[metric].append((host, value))
     out: list[str] = []
     for name, help_text, samples in metrics:
         if not samples:

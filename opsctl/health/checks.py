@@ -12,10 +12,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..fleet.fanout import DEFAULT_WORKERS, run_on_hosts
+from ..gate.compare import Outcome
 from ..gate.decision import GateState, LineVerdict
 from ..gate.traffic import serves_http
 from ..inventory import HostConfig
-from .findings import DriftFacts, GpuFacts, HostFacts, HttpFacts, LockFacts, ParitySample, ProbeFacts, UnitFacts
+from .findings import (
+    DriftFacts,
+    GpuFacts,
+    HostFacts,
+    HttpFacts,
+    LockFacts,
+    ParitySample,
+    ProbeFacts,
+    SpeedFacts,
+    UnitFacts,
+)
 from .levels import CHECK_NAMES, CheckResult, HealthRun, HostHealth, Level
 from .localstate import HealthHistory, PreviousRun
 
@@ -51,6 +62,7 @@ def evaluate(host: HostConfig, facts: HostFacts, previous: PreviousRun | None = 
         check_lock(host, facts.lock),
         check_clock(facts.host_time, facts.local_time),
         check_probe(host, facts.probe, facts.parity_token),
+        check_speed(host, facts.speed),
     )
     return HostHealth(
         host.name,
@@ -60,6 +72,7 @@ def evaluate(host: HostConfig, facts: HostFacts, previous: PreviousRun | None = 
         n_restarts=facts.unit.n_restarts,
         invocation_id=facts.unit.invocation_id or None,
         release=facts.drift.release,
+        gauges=speed_gauges(facts.speed),
     )
 
 
@@ -276,6 +289,50 @@ def check_probe(host: HostConfig, probe: ProbeFacts | None, token: str | None) -
         f"request answered{ttft}; {gate.lines} fresh parity line(s) from each of {host.service.tp} rank(s) pass{note}",
         probe.ttft_s,
     )
+
+
+def check_speed(host: HostConfig, speed: SpeedFacts | None) -> CheckResult:
+    """``--probe``: the running release against the sample recorded when it was deployed (a short run of the
+    comparison workload, judged by the comparison's judge). WARN when decode speed or accepted drafts drifted down
+    by more than ``health.max_drift`` with p < ``gate.compare.alpha`` (``decode 0.78x of its deploy``), or the
+    answers changed (fewer than ``min_identical`` identical): thermal throttling, a noisy neighbour, a driver
+    update. Never CRIT and never evidence for a rollback: the release is the one that passed; the host changed."""
+    if speed is None:
+        why = "replay service has no HTTP API" if not serves_http(host) else "not asked for (--probe)"
+        return CheckResult("speed", Level.SKIP, why)
+    if speed.skipped:
+        return CheckResult("speed", Level.SKIP, speed.skipped)
+    c = speed.comparison
+    if speed.error or c is None:
+        return CheckResult("speed", Level.WARN, f"the comparison workload could not run: {speed.error or 'no result'}")
+    floor, alpha = 1 - host.health.max_drift, host.gate.compare.alpha
+    found = []
+    s = c.speed
+    if s.ratio is not None and s.p is not None and s.ratio < floor and s.p < alpha:
+        found.append(f"decode {s.ratio:.2f}x of {c.baseline} (p={s.p:.2g}, {s.n_old} vs {s.n_new} requests)")
+    d = c.drafts
+    if d is not None and d.ratio is not None and d.p is not None and d.ratio < floor and d.p < alpha:
+        found.append(f"accepted drafts {d.old_mean:.2f} -> {d.new_mean:.2f} of {c.baseline} (p={d.p:.2g})")
+    if c.answers is not None and c.answers.outcome is Outcome.FAIL:
+        found.append(f"answers changed: {c.answers.describe()}")
+    if c.failures.new_failed:
+        found.append(f"{len(c.failures.new_failed)} of {c.requests} requests failed")
+    if found:
+        return CheckResult(
+            "speed", Level.WARN, "; ".join(found) + f" (beyond health.max_drift {host.health.max_drift:g})", s.ratio
+        )
+    return CheckResult("speed", Level.OK, c.line(), s.ratio)
+
+
+def speed_gauges(speed: SpeedFacts | None) -> tuple[tuple[str, float], ...]:
+    """The speed check's figures measured now, for Prometheus."""
+    if speed is None:
+        return ()
+    figures = (
+        ("opsctl_health_decode_seconds_per_token", speed.s_per_token),
+        ("opsctl_health_accepted_drafts", speed.accept_length),
+    )
+    return tuple((name, value) for name, value in figures if value is not None)
 
 
 def check_disk(host: HostConfig, free_mb: float | None) -> CheckResult:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..gate.compare import Comparison
 from ..gate.lines import ParityLine
 
 
@@ -81,6 +82,20 @@ class ProbeFacts:
 
 
 @dataclass(frozen=True)
+class SpeedFacts:
+    """``--probe``: a short run of the comparison workload (``gate.compare``, its first prompts) judged against the
+    sample recorded when the running release was deployed (opsctl/host/comparisons.py), by the comparison's judge.
+    ``skipped``: why it did not run (no recorded sample, the comparison disabled, ...)."""
+
+    reference: str = ""  # what it was compared with, e.g. "its deploy (2026-12-03T17:21:39Z)"
+    comparison: Comparison | None = None
+    s_per_token: float | None = None  # the median decode seconds per token measured now
+    accept_length: float | None = None  # the mean accepted drafts measured now
+    error: str | None = None  # the workload could not run
+    skipped: str | None = None
+
+
+@dataclass(frozen=True)
 class HostFacts:
     host: str
     reachable: bool = True
@@ -98,3 +113,4 @@ class HostFacts:
     local_time: float = 0.0  # local epoch seconds when the probe answered
     elapsed_s: float = 0.0
     probe: ProbeFacts | None = None  # None: no probe request was sent (not asked for, or no HTTP API)
+    speed: SpeedFacts | None = None  # None: no speed check (``--probe`` not asked for, or no HTTP API)

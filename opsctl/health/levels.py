@@ -26,7 +26,7 @@ class Level(StrEnum):
         return {Level.OK: 0, Level.WARN: 1, Level.CRIT: 2, Level.SKIP: 0}[self]
 
 
-CHECK_NAMES = ("ssh", "unit", "http", "gpu", "drift", "parity", "disk", "lock", "clock", "probe")
+CHECK_NAMES = ("ssh", "unit", "http", "gpu", "drift", "parity", "disk", "lock", "clock", "probe", "speed")
 
 
 # `--rollback-on-fail` acts only on evidence that the running release itself is bad (CheckResult.release_bad):
@@ -50,6 +50,9 @@ class HostHealth:
     n_restarts: int | None = None
     invocation_id: str | None = None
     release: str | None = None
+    # Figures for Prometheus beside the checks' own values: metric name -> value (the speed check's decode seconds
+    # per token and accepted drafts, measured now).
+    gauges: tuple[tuple[str, float], ...] = ()
 
     @property
     def level(self) -> Level:
@@ -73,6 +76,7 @@ class HostHealth:
             "n_restarts": self.n_restarts,
             "invocation_id": self.invocation_id,
             "checks": {c.name: {"status": c.level.value, "detail": c.detail, "value": c.value} for c in self.checks},
+            "gauges": dict(self.gauges),
         }
 
 

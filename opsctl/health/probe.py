@@ -25,21 +25,39 @@ from typing import Any
 
 from kdtree_backend.wire import MARKER
 
-from ..errors import OpsError
+from ..errors import DeployFailed, OpsError
+from ..gate.compare import compare
 from ..gate.lines import ParityLine, parse_line
+from ..gate.sample import ComparisonSample
 from ..gate.traffic import ProbeClient, serves_http
+from ..gate.workload import run_compare_workload
+from ..host import history as host_history
+from ..host.comparisons import deploy_sample, mean_accept_length, median_ms_per_token
 from ..host.releaseroot import parse_parity_env
 from ..hostdata.facts import SystemFacts, facts_command, parse_facts
-from ..inventory import HostConfig
+from ..hostdata.layout import Layout
+from ..inventory import CompareSettings, HostConfig
 from ..journal.query import mark_command, parse_mark, parse_poll, poll_command
 from ..release import Manifest
 from ..ssh.remote import Remote
-from .findings import DriftFacts, GpuFacts, HostFacts, HttpFacts, LockFacts, ParitySample, ProbeFacts, UnitFacts
+from .findings import (
+    DriftFacts,
+    GpuFacts,
+    HostFacts,
+    HttpFacts,
+    LockFacts,
+    ParitySample,
+    ProbeFacts,
+    SpeedFacts,
+    UnitFacts,
+)
 
 SEPARATOR = "--- opsctl health probe ---"
 # The host-side program's limits (passed in its configuration): the newest lines kept, and the largest file hashed.
 MAX_PARITY_LINES = 2000
 MAX_HASH_BYTES = 512 << 20
+SPEED_PROMPTS = 8  # `--probe`'s short comparison workload: the first prompts of gate.compare
+SPEED_WARMUP = 1
 
 
 @cache
@@ -286,13 +304,66 @@ def verify_probe(r: Remote, host: HostConfig) -> ProbeFacts:
         time.sleep(0.5)
 
 
+def speed_settings(settings: CompareSettings) -> CompareSettings:
+    """``--probe``'s short comparison workload: the first :data:`SPEED_PROMPTS` prompts of ``gate.compare`` (same
+    tokens, same judge), one warmup request."""
+    update: dict[str, Any] = {"warmup": min(settings.warmup, SPEED_WARMUP)}
+    if settings.input_ids:
+        update["input_ids"] = settings.input_ids[:SPEED_PROMPTS]
+    else:
+        update["prompts"] = settings.prompts[:SPEED_PROMPTS]
+    return settings.model_copy(update=update)
+
+
+def speed_probe(r: Remote, host: HostConfig, release: str | None) -> SpeedFacts:
+    """``--probe``'s drift check: the short comparison workload on the running release, judged against the
+    sample recorded when it was deployed (opsctl/host/comparisons.py: ``deploy_sample``)."""
+    settings = host.gate.compare
+    if not settings.enabled:
+        return SpeedFacts(skipped="the comparison is disabled (gate.compare.enabled: false)")
+    if not release:
+        return SpeedFacts(skipped="no current release")
+    recorded = deploy_sample(host_history.read_history(r, Layout(host.root)), release)
+    if recorded is None:
+        return SpeedFacts(skipped=f"no comparison sample recorded when {release} was deployed")
+    if len(recorded.sample.requests) != settings.workload_size:
+        return SpeedFacts(
+            skipped=f"the sample recorded at the deploy has {len(recorded.sample.requests)} requests and "
+            f"gate.compare now {settings.workload_size}: the workload changed since"
+        )
+    short = speed_settings(settings)
+    reference = f"its deploy ({recorded.at})" if recorded.at else "its deploy"
+    try:
+        sample = run_compare_workload(r, host, settings=short)
+    except DeployFailed as e:
+        return SpeedFacts(reference=reference, error=e.message)
+    n = short.workload_size
+    then = ComparisonSample(recorded.sample.requests[:n], recorded.sample.load_source)
+    ms = median_ms_per_token(sample)
+    return SpeedFacts(
+        reference=reference,
+        comparison=compare(then, sample, short, baseline="its deploy"),
+        s_per_token=ms / 1000 if ms is not None else None,
+        accept_length=mean_accept_length(sample),
+    )
+
+
+def _probed_release(stdout: str) -> str | None:
+    """The current release the probe's program found (None when its output is not readable: reported later)."""
+    try:
+        release = split_probe_output(stdout)[1].get("release")
+    except ValueError:
+        return None
+    return release if isinstance(release, str) else None
+
+
 def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False, probe: bool = False) -> HostFacts:
     """Probe one host in one SSH round trip (with ``probe``, and an HTTP API, a few more: :func:`verify_probe`).
     Any SSH failure is an unreachable host, never an exception."""
     from ..ssh import connect
 
     t0 = time.monotonic()
-    verify = None
+    verify = speed = None
     try:
         with connect(host, accept_new_host_key=accept_new_host_key) as r:
             res = r.run(
@@ -303,6 +374,7 @@ def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False, probe: boo
             )
             if probe and serves_http(host):
                 verify = verify_probe(r, host)
+                speed = speed_probe(r, host, _probed_release(res.stdout))
         system, raw = read_probe(res.stdout)
     except OpsError as e:
         return unreachable_facts(host, e, time.monotonic() - t0)
@@ -320,7 +392,7 @@ def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False, probe: boo
         pid_alive=pid_alive,
         local_hostname=local_hostname(),
     )
-    return dataclasses.replace(facts, probe=verify)
+    return dataclasses.replace(facts, probe=verify, speed=speed)
 
 
 def unreachable_facts(host: HostConfig, error: OpsError | Exception, elapsed_s: float) -> HostFacts:
