@@ -76,6 +76,16 @@ HostArg = Annotated[
         autocompletion=complete_target,
     ),
 ]
+PlainOption = Annotated[
+    bool,
+    typer.Option(
+        "--plain",
+        help="One event a line, nothing redrawn or wrapped (the default off a terminal or with NO_COLOR set).",
+    ),
+]
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Print every parity line and probe wave, not only the new facts.")
+]
 AcceptNewHostKeyOption = Annotated[
     bool,
     typer.Option(

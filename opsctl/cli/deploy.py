@@ -65,6 +65,8 @@ def deploy_command(
         str | None, typer.Option("--max-fail", help="group only: failures tolerated, P% of the hosts (default: 0%)")
     ] = None,
     parallel: Annotated[bool, typer.Option("--parallel", help="group only: the hosts of a batch side by side")] = False,
+    plain: common.PlainOption = False,
+    verbose: common.VerboseOption = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """Deploy the working tree to HOST (or a GROUP, canary first then batches): upload, build, parity, switch,
@@ -102,9 +104,13 @@ def deploy_command(
     )
     plan_res = pipeline.deploy(h, tree, opts)
     if plan_res.plan is not None and plan_res.verdict is pipeline.DeployVerdict.PLANNED and not as_json:
-        for line in plan_res.plan.describe():
-            console.print(line, highlight=False)
-        if not no_restart:
+        described = plan_res.plan.describe()
+        if yes and not (dry_run or verbose or progress.plain_wanted(console, plain)):
+            # On a terminal nobody reads it before it runs: its head, and where the rest is (a log keeps it whole).
+            described = [f"{described[0]}: {len(plan_res.plan.steps)} steps (--dry-run or --verbose prints them)"]
+        for line in described:
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+        if not no_restart and len(described) > 1:
             console.print(_gate_rules(h), highlight=False, style="dim", soft_wrap=True)
     if plan_res.verdict is pipeline.DeployVerdict.REFUSED and dry_run:
         raise DeployFailed(f"deploy would be refused: {plan_res.reason}")
@@ -121,7 +127,7 @@ def deploy_command(
     real = pipeline.DeployOptions(
         gate_timeout_s=gate_timeout, force=force, no_restart=no_restart, skip_prerestart_parity=skip_parity
     )
-    with progress.reporter(host, as_json, release=plan_res.release) as rep:
+    with progress.reporter(host, as_json, release=plan_res.release, plain=plain, verbose=verbose) as rep:
         res = pipeline.deploy(h, tree, real, rep)
     progress.finish(res, as_json)
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from ..fleet.ping import PingReport, ping_many
 from . import common
+
+if TYPE_CHECKING:
+    from ..fleet.ping import PingReport
 
 app = typer.Typer()
 
@@ -16,6 +19,8 @@ app = typer.Typer()
 @common.bounded
 def hosts(inventory: common.InventoryOption = None, json_out: common.JsonOption = False) -> None:
     """List the inventory's hosts and groups."""
+    from rich.table import Table
+
     inv = common.inventory(inventory)
     member_of = {name: [g for g, members in inv.groups.items() if name in members] for name in inv.hosts}
     if json_out:
@@ -91,6 +96,10 @@ def ping(
 ) -> None:
     """Reachability, ssh auth, systemd and unit state, GPUs (nvidia-smi), free disk. Hosts of a group in parallel.
     TARGET may also be 'all'. Exit 0 when every host answers, else the first failure's code (11-16)."""
+    from rich.table import Table
+
+    from ..fleet.ping import ping_many
+
     inv = common.inventory(inventory, accept_new_host_key=accept_new_host_key)
     facts = ping_many(inv.resolve(common.pick_target(inv, target, "ping")))
     if json_out:

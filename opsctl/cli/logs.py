@@ -1,5 +1,6 @@
-"""``opsctl logs``: the unit's journal; parity lines as a table with their verdicts (or, piped, as journal lines
-that ``opsctl parity check -`` reads), shapes lines decoded, ``--json`` one object per line."""
+"""``opsctl logs``: the unit's journal; parity lines with their verdicts (a table on a terminal; piped, one decoded
+line an entry), shapes lines decoded, ``--raw`` the journal's own text (what ``opsctl parity check -`` reads),
+``--json`` one object per line."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import UsageError
-from ..gate.decision import Judgement
+from ..gate.decision import Judgement, LineVerdict
 from ..gate.lines import FallbackLine, KdtreeLine, ParityLine, ShapesLine, parse_line
 from ..host import views
 from ..inventory import HostConfig
@@ -34,13 +35,17 @@ def logs_command(
     ] = None,
     lines: Annotated[int, typer.Option("--lines", "-n", help="how many recent lines (without --since)")] = 200,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
+    raw: Annotated[
+        bool,
+        typer.Option("--raw", help="the journal's text (short-iso), undecoded: what `opsctl parity check -` reads"),
+    ] = False,
     inventory_path: common.InventoryOption = None,
 ) -> None:
     """The unit's journal; parity lines as a coloured table, shapes lines decoded."""
     h = common.host_of(host, inventory_path, "logs")
     host = h.name
     matcher = _matcher(grep)
-    printer = _LogPrinter(h, as_json, stream=follow)
+    printer = _LogPrinter(h, as_json, stream=follow, raw=raw)
     views.read_journal(
         h,
         lambda line: printer.feed(line, matcher),
@@ -88,8 +93,10 @@ class _LogPrinter:
     """Prints the journal entries ``feed`` is given; parity lines with the gate's verdict (``token``: the running
     invocation's, see ``use_token``)."""
 
-    def __init__(self, h: HostConfig, as_json: bool, stream: bool, token: str | None = None) -> None:
-        self.h, self.as_json, self.stream = h, as_json, stream
+    def __init__(
+        self, h: HostConfig, as_json: bool, stream: bool, token: str | None = None, raw: bool = False
+    ) -> None:
+        self.h, self.as_json, self.stream, self.raw = h, as_json, stream, raw
         self.judge = LineJudge(h, token)
         self.read = 0  # journal entries read
         self.matched = 0  # of those, shown
@@ -106,7 +113,7 @@ class _LogPrinter:
         except ValueError:
             return
         self.read += 1
-        msg = message_text(doc.get("MESSAGE"))
+        msg = message_text(doc.get("MESSAGE", ""))  # null (left out by journalctl): judged, a FAIL
         stamp = doc.get("__REALTIME_TIMESTAMP")
         judged = self.judge.message(msg)
         rec = judged.line if judged is not None else parse_line(msg)
@@ -117,18 +124,36 @@ class _LogPrinter:
         if self.as_json:
             sys.stdout.write(json.dumps(common.to_jsonable(_log_json(when, msg, rec, judged)), default=str) + "\n")
             sys.stdout.flush()
-        elif judged is not None and not console.is_terminal:
+        elif self.raw:
             self._journal_line(msg, stamp)
+        elif judged is not None and not console.is_terminal:
+            self._decoded_line(when, judged)
         elif judged is not None:
             self._parity(when, judged)
         elif isinstance(rec, ShapesLine):
             _print_shapes(when, rec)
         else:
-            console.print(f"{when} {msg}", highlight=False, markup=False)
+            console.print(f"{when} {msg}", highlight=False, markup=False, soft_wrap=True)
+
+    def _decoded_line(self, when: str, judged: Judgement) -> None:
+        """Piped: one line an entry, never wrapped: ``TIME HOST parity TP0 L30 rel=.. max_abs_diff=.. mean=..
+        VERDICT`` and, unless it passed, why."""
+        p = judged.line
+        if p is None:  # the marker inside another message
+            what = judged.raw.replace("\n", "\ufffd")[:300]
+        elif judged.reason.startswith("malformed: "):
+            what = f"{'TP' + str(p.rank) + ' ' if p.rank is not None else ''}{p.layer_label}"
+        else:
+            rank = f"TP{p.rank} " if p.rank is not None else ""
+            what = f"{rank}L{p.layer} rel={fmt(p.rel)} max_abs_diff={fmt(p.max_abs_diff)} mean={fmt(p.mean)}"
+        why = "" if judged.verdict is LineVerdict.PASS else f" ({judged.reason})"
+        console.file.write(f"{when} {self.h.name} parity {what} {judged.verdict}{why}\n")
+        if self.stream:
+            console.file.flush()
 
     def _journal_line(self, msg: str, stamp: Any) -> None:
-        """Piped: the entry as `journalctl -o short-iso` prints it, so `opsctl parity check -` reads it as the
-        journal itself (the table is for a terminal)."""
+        """--raw: the entry as `journalctl -o short-iso` prints it, so `opsctl parity check -` reads it as the
+        journal itself."""
         # A newline (never in a stdout line; possible from another writer) would make a second line out of the
         # message's middle: U+FFFD keeps it one line, and a marked message with it stays malformed.
         one_line = msg.replace("\n", "\ufffd")
@@ -162,10 +187,11 @@ def _print_shapes(when: str, rec: ShapesLine) -> None:
     console.print(
         f"{when} {rank}[bold]shapes[/] " + escape(" ".join(f"{k}={v}" for k, v in rec.fields.items())),
         highlight=False,
+        soft_wrap=True,
     )
-    console.print(f"    {escape(d.text())}", style="cyan", highlight=False)
+    console.print(f"    {escape(d.text())}", style="cyan", highlight=False, soft_wrap=True)
     if d.warning:
-        console.print(f"    {escape(d.warning)}", style="bold red", highlight=False)
+        console.print(f"    {escape(d.warning)}", style="bold red", highlight=False, soft_wrap=True)
 
 
 def _iso_time(us: Any) -> str:

@@ -280,18 +280,14 @@ def read_snapshot(r: Remote, root: str, unit: str) -> HostSnapshot:
 
 
 def select_for_removal(releases: dict[str, float], keep: int, protected: Iterable[str | None]) -> list[str]:
-    """Releases to delete so that ``keep`` remain: the protected ones (current, last good, the one being deployed)
-    always stay and count towards ``keep``; the newest others fill the rest. The adopted release zero is kept
-    besides (it is the only way back to a hand-made install). Oldest first."""
+    """Releases to delete: every one but the ``keep`` newest, the protected ones (current, last good, the one being
+    deployed) and the adopted release zero (the only way back to a hand-made install). So at most ``keep`` plus
+    those few remain, whatever the order of passes and failures. Oldest first."""
     protected_set = {p for p in protected if p and p in releases}
     zero = {rid for rid in releases if ADOPTED_ID_RE.match(rid)}
-    room = max(0, keep - len(protected_set - zero))
-    others = sorted(
-        (rid for rid in releases if rid not in protected_set and rid not in zero),
-        key=lambda rid: (releases[rid], rid),
-        reverse=True,
-    )
-    return list(reversed(others[room:]))
+    newest = sorted(releases, key=lambda rid: (releases[rid], rid), reverse=True)[:keep]
+    kept = protected_set | zero | set(newest)
+    return sorted((rid for rid in releases if rid not in kept), key=lambda rid: (releases[rid], rid))
 
 
 def remove_releases(r: Remote, layout: Layout, ids: Iterable[str]) -> None:

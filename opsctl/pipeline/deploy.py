@@ -180,6 +180,9 @@ def _record_pass(manifest: Manifest) -> Step:
 
 
 def _cleanup(manifest: Manifest) -> Step:
+    """After every deploy that took the lock, passed or rejected: keep current, last good, this release and the
+    ``keep_releases`` newest; what it removed goes into the history (``opsctl releases`` shows it)."""
+
     def run_(run: Run) -> str:
         def remove(r: DeployRemote) -> list[str]:
             snap = releaseroot.read_snapshot(r, run.host.root, run.host.unit)
@@ -189,9 +192,12 @@ def _cleanup(manifest: Manifest) -> Step:
             return doomed
 
         removed = run.call(remove)
-        return f"removed {', '.join(removed)}" if removed else "nothing to remove"
+        if not removed:
+            return "nothing to remove"
+        run.record(HistoryRecord(event=HistoryEvent.CLEANUP, release=manifest.id, removed=removed))
+        return f"removed {', '.join(removed)} (keeping the {run.host.keep_releases} newest, current and last good)"
 
-    return Step("cleanup", run_)
+    return Step("cleanup", run_, after_rejection=True)
 
 
 def deploy_steps(src: Path, manifest: Manifest, command: str = "deploy") -> list[Step]:

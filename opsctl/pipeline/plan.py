@@ -150,7 +150,10 @@ def _steps(
         ]
     if comparing:
         steps.append("comparison: the same workload against the new release, judged against the baseline")
-    steps.append(f"unlock, record, keep {host.keep_releases} releases")
+    steps.append(
+        f"unlock, record; cleanup, after a failure too: keep the {host.keep_releases} newest releases (keep_releases), "
+        "current, last good and this one"
+    )
     return steps
 
 

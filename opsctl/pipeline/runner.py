@@ -164,6 +164,7 @@ class Step:
     detail: Callable[[Run], str] | None = None  # shown when the step starts
     when: Callable[[Run], bool] | None = None  # the step is skipped when this says no
     shown: bool = True  # bookkeeping steps run without a progress line of their own
+    after_rejection: bool = False  # also runs after a rejection, once the host is restored (a deploy's cleanup)
 
 
 def lock_step(label: Callable[[Run], str]) -> Step:
@@ -193,6 +194,7 @@ def execute(run: Run, steps: Sequence[Step]) -> DeployResult:
     except Rejected as rej:
         with signals_held(run.reporter):
             _compensate(run, started, rej.verdict, rej.record_reason, bad=rej.marks_bad, gate=rej.gate, stage=rej.stage)
+            _after_rejection(run, steps, started)
         run.conclude(rej.verdict, rej.reason)
     except KeyboardInterrupt as e:
         if not run.locked or run.committed:
@@ -223,6 +225,17 @@ def execute(run: Run, steps: Sequence[Step]) -> DeployResult:
         _unlock(run)
         run.result.elapsed_s = time.monotonic() - run.started_at
     return run.result
+
+
+def _after_rejection(run: Run, steps: Sequence[Step], started: list[Step]) -> None:
+    """The steps that run after a rejection too (a deploy's cleanup), under the lock, once the host is restored; a
+    failure of theirs is reported, never raised: the verdict stands."""
+    for step in steps:
+        if step.after_rejection and step not in started:
+            try:
+                _run_step(run, step)
+            except OpsError as e:
+                run.reporter.info(f"{step.name} failed: {e.message}")
 
 
 def _run_step(run: Run, step: Step) -> bool:

@@ -2,6 +2,7 @@
 
 import io
 import json
+import re
 
 import pytest
 from rich.console import Console
@@ -94,17 +95,34 @@ def journal_of_two_deploys() -> list[str]:
     return out
 
 
+def test_logs_grep_parity_piped_is_decoded_one_line_an_entry(piped: io.StringIO) -> None:
+    """Piped without --raw (issue 38): each parity entry one decoded line with its verdict (and, unless it passed,
+    why), never the journal's text and never wrapped."""
+    entries = journal_of_two_deploys()
+    p = cli_logs._LogPrinter(host(), as_json=False, stream=False)
+    for e in entries:
+        p.feed(e, cli_logs._matcher("parity"))
+    p.flush()
+    lines = piped.getvalue().splitlines()
+    assert len(lines) == 6 and not any("[kdtree]" in line for line in lines), lines
+    assert all(
+        re.search(r" parity (TP\d+ )?L\d+ rel=\S+ max_abs_diff=\S+ mean=\S+ (PASS|FAIL|IGNORED|INCONCLUSIVE)", line)
+        for line in lines
+    ), lines
+    assert all(line.endswith("PASS") or "(" in line for line in lines)  # a line that did not pass says why
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_logs_grep_parity_pipes_into_parity_check(
     as_json: bool, piped: io.StringIO, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`opsctl logs HOST --grep parity [--json] | opsctl parity check -` reaches the journal's own verdict (it was
+    """`opsctl logs HOST --grep parity --raw|--json | opsctl parity check -` reaches the journal's own verdict (it was
     NODATA from the table, and every line IGNORED from --json)."""
     from opsctl.gate.parity_check import check_journal
     from opsctl.inventory import GateSettings
 
     entries = journal_of_two_deploys()
-    p = cli_logs._LogPrinter(host(), as_json=as_json, stream=False)
+    p = cli_logs._LogPrinter(host(), as_json=as_json, stream=False, raw=not as_json)
     for e in entries:
         p.feed(e, cli_logs._matcher("parity"))
     p.flush()

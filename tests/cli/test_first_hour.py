@@ -414,9 +414,9 @@ def test_an_unexpected_error_is_one_line_without_debug(tmp_path: Path) -> None:
     inv = tmp_path / "inv.yaml"
     inv.write_text("hosts:\n  a: {address: 127.0.0.1}\n")
     code = (
-        "import sys, opsctl.cli as c, opsctl.cli.hosts as h\n"
+        "import sys, opsctl.cli as c, opsctl.fleet.ping as p\n"
         "def boom(*a, **k): raise RuntimeError('library exploded')\n"
-        "h.ping_many = boom\n"
+        "p.ping_many = boom\n"  # the ping command imports it when it runs
         "sys.exit(c.main(sys.argv[1:]))\n"
     )
     proc = subprocess.run(
@@ -494,7 +494,7 @@ def test_help_texts() -> None:
 
 
 @pytest.mark.parametrize("command", ["rollback", "restart"])
-def test_commands_that_restart_the_service_ask_first_like_deploy(tmp_path: Path, command: str) -> None:
+def test_commands_that_restart_the_service_read_the_host_before_asking(tmp_path: Path, command: str) -> None:
     inv = _inventory(tmp_path, {"ct200": _closed_port()})
     proc = subprocess.run(
         [sys.executable, "-m", "opsctl", "-i", str(inv), command, "ct200"],
@@ -504,7 +504,7 @@ def test_commands_that_restart_the_service_ask_first_like_deploy(tmp_path: Path,
         timeout=60,
         cwd=REPO,
     )
-    # Declined at the prompt: exit 1, and no connection was tried (the closed port would have given 11).
-    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
-    assert "ct200" in proc.stdout and "[y/N]" in proc.stdout
-    assert "unreachable" not in proc.stderr
+    # Refused before asking (issue 38): the host is read first, so an unreachable one ends the command with its
+    # own code (11) and nothing is asked.
+    assert proc.returncode == 11, (proc.returncode, proc.stdout, proc.stderr)
+    assert "[y/N]" not in proc.stdout and "ct200" in proc.stderr
