@@ -103,6 +103,7 @@ def generate(path: Path, lines: int, *, invocations: int = 5, seed: int = 0) -> 
 def run(argv: list[str], journal: Path, code: Path) -> dict[str, object]:
     """One `opsctl parity check` in a fresh process: wall time, peak RSS, exit code, output size."""
     env = {**os.environ, "PYTHONPATH": str(code), "COLUMNS": "160"}
+    load_before = os.getloadavg()[0]
     with journal.open("rb") as stdin, tempfile.TemporaryFile() as out:
         start = time.perf_counter()
         proc = subprocess.Popen(
@@ -124,6 +125,9 @@ def run(argv: list[str], journal: Path, code: Path) -> dict[str, object]:
     return {
         "argv": argv,
         "wall_s": round(wall, 2),
+        # The child's own CPU time (user + system): what the check costs, whatever else the machine runs.
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "load_before": round(load_before, 2),
         "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux: kilobytes
         "exit_code": proc.returncode,
         "output_bytes": size,
@@ -153,7 +157,8 @@ def main() -> None:
     results = {name: run(argv, args.journal, args.code) for name, argv in cases.items() if name in chosen}
     for name, r in results.items():
         print(
-            f"{args.label} {name}: {r['wall_s']} s, {r['peak_rss_mb']} MB, exit {r['exit_code']}, {r['output_bytes']} B"
+            f"{args.label} {name}: {r['wall_s']} s wall, {r['cpu_s']} s CPU (load {r['load_before']}), "
+            f"{r['peak_rss_mb']} MB, exit {r['exit_code']}, {r['output_bytes']} B"
         )
 
     doc = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -176,15 +181,17 @@ def write_table(doc: dict[str, object], path: Path) -> None:
         "`scripts/bench_parity_check.py` (figures in `parity-check.json`). Goal: at most 10 s and under 300 MB "
         "peak memory for text and `--json` output.",
         "",
-        "| code | output | wall s | peak RSS MB | output bytes | exit |",
-        "|---|---|---:|---:|---:|---:|",
+        "| code | output | wall s | CPU s | load | peak RSS MB | output bytes | exit |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     runs = doc["runs"]
     assert isinstance(runs, dict)
     for label, results in runs.items():
         for name, r in results.items():
+            cpu, load = r.get("cpu_s", "-"), r.get("load_before", "-")
             rows.append(
-                f"| {label} | {name} | {r['wall_s']} | {r['peak_rss_mb']} | {r['output_bytes']:,} | {r['exit_code']} |"
+                f"| {label} | {name} | {r['wall_s']} | {cpu} | {load} | {r['peak_rss_mb']} | {r['output_bytes']:,} "
+                f"| {r['exit_code']} |"
             )
     machine = doc.get("machine", {})
     assert isinstance(machine, dict)

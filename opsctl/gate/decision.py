@@ -160,18 +160,33 @@ class GateState:
             out = (*out, "the invocation's token is in the line but its token= is not the invocation's")
         return out
 
+    def well_formed_verdict(self, rank: int, rel: float, token: str | None, raw: str) -> LineVerdict:
+        """:meth:`feed`'s verdict on a well-formed parity line (``lines.fast_fields``), without the line: what a
+        long journal's lines after the decision need, and all they need. Counts nothing."""
+        own = self.token
+        if own is not None and token != own:
+            return LineVerdict.FAIL if own in raw else LineVerdict.IGNORED
+        if self.expected_ranks is not None and rank >= self.expected_ranks:
+            return LineVerdict.FAIL
+        s = self.settings
+        if rel >= s.fail_rel:
+            return LineVerdict.FAIL
+        return LineVerdict.PASS if rel <= s.pass_rel else LineVerdict.INCONCLUSIVE
+
     def judge_line(self, line: ParityLine) -> LineVerdict:
         """One line's verdict here (malformed for this unit -> FAIL, else the thresholds); counts nothing."""
         return LineVerdict.FAIL if self.problems(line) else classify(line, self.settings)
 
     def feed(self, line: ParityLine, now: float) -> LineVerdict:
         """Count one parity line (in journal order). Lines after the decision are classified but change nothing."""
-        if self.ignored_reason(line) is not None:
+        token = self.token
+        # ignored_reason(line) is not None, and judge_line(line), inlined: this runs for every line of a journal.
+        if token is not None and line.token != token and not line.hidden and token not in line.raw:
             self.counts[LineVerdict.IGNORED] += 1
             return LineVerdict.IGNORED
         problems = self.problems(line)
-        lv = self.judge_line(line)
-        if self.decided:
+        lv = LineVerdict.FAIL if problems else classify(line, self.settings)
+        if self.verdict is not Verdict.PENDING:
             return lv
         self.counts[lv] += 1
         self.last_by_rank[line.rank] = line

@@ -412,18 +412,19 @@ def _parse_full(raw: str, journal_prefix: bool = False) -> KdtreeLine | None:
 
 
 _KNOWN_PARITY_KEYS = frozenset((*PARITY_KEYS, RANK_KEY, TOKEN_KEY))
+_EXTRA_KEY_RE = re.compile(r" ([A-Za-z_][A-Za-z0-9_]*)=", re.ASCII)
 
 
-def _fast_parity(raw: str, journal_prefix: bool = False) -> ParityLine | None:
-    """A well-formed parity line in the backend's field order, or None (then the full parse decides)."""
+def fast_fields(raw: str, journal_prefix: bool = False) -> tuple[str, float, float, float, int, str | None, str] | None:
+    """A well-formed parity line in the backend's field order -> (layer, max_abs_diff, mean, rel, rank, token,
+    extra text), or None (then the full parse decides). What :func:`parse_line` makes a well-formed ParityLine of,
+    without making it: the offline check reads most lines of a long journal only for their verdict."""
     m = (_FAST_JOURNAL_PARITY_RE if journal_prefix else _FAST_PARITY_RE).fullmatch(raw)
     if m is None or (
         len(raw) > MAX_MESSAGE_CHARS and len(raw) - m.start("layer") + len(MARKER) + 2 > MAX_MESSAGE_CHARS
     ):
         return None
-    layer, a_text, m_text, r_text, tp, token, text, parts = m.group(
-        "layer", "a", "m", "r", "tp", "token", "extra", "parts"
-    )
+    parts, layer, a_text, m_text, r_text, tp, token, text = m.groups()
     a, mean, rel = float(a_text), float(m_text), float(r_text)
     if a > PARITY_VALUE_MAX or mean > PARITY_VALUE_MAX or rel > PARITY_VALUE_MAX:  # the full parse names it
         return None
@@ -434,27 +435,36 @@ def _fast_parity(raw: str, journal_prefix: bool = False) -> ParityLine | None:
     rank = int(tp)
     if parts and _prefix_rank(parts) not in (None, rank):
         return None
-    extra: dict[str, str] = {}
     if text:
-        for word in text[1:].split(" "):
-            key, _, value = word.partition("=")
-            if key in extra or key in _KNOWN_PARITY_KEYS:
-                return None
-            extra[key] = value
+        keys = _EXTRA_KEY_RE.findall(text)  # one per extra word: each starts with " key=", a value has no space
+        if len(set(keys)) != len(keys) or not _KNOWN_PARITY_KEYS.isdisjoint(keys):
+            return None  # a duplicated key, or a known one again: the full parse names it
+    return layer, a, mean, rel, rank, token, text
+
+
+def _fast_parity(raw: str, journal_prefix: bool = False) -> ParityLine | None:
+    """A well-formed parity line in the backend's field order, or None (then the full parse decides)."""
+    fields = fast_fields(raw, journal_prefix)
+    if fields is None:
+        return None
+    layer, a, mean, rel, rank, token, text = fields
+    extra = dict(word.split("=", 1) for word in text[1:].split(" ")) if text else {}
     # The frozen dataclass's __init__ sets each field through object.__setattr__ (2-3 us a line, a third of a
     # line's whole cost in a long journal); the fields are the same, set at once.
     line = object.__new__(ParityLine)
     line.__dict__.update(
-        layer=int(layer),
-        max_abs_diff=a,
-        mean=mean,
-        rel=rel,
-        rank=rank,
-        extra=extra,
-        raw=raw,
-        token=token,
-        problems=(),
-        hidden=False,
+        {
+            "layer": int(layer),
+            "max_abs_diff": a,
+            "mean": mean,
+            "rel": rel,
+            "rank": rank,
+            "extra": extra,
+            "raw": raw,
+            "token": token,
+            "problems": (),
+            "hidden": False,
+        }
     )
     return line
 

@@ -36,6 +36,7 @@ from .lines import (
     JOURNAL_PREFIX_RE,
     MARKER,
     ParityLine,
+    fast_fields,
     is_blob_placeholder,
     left_out_message,
     loose_token,
@@ -493,6 +494,9 @@ class _Checker:
         return cur  # the same token, or a line without one inside a token's run (ignored there)
 
     def feed(self, entry: Entry) -> None:
+        cur = self.current
+        if cur.state.verdict is not Verdict.PENDING and not entry.boundary and self._late(cur, entry):
+            return
         number, message = entry.number, entry.message
         prefixed = entry.prefixed
         marked = MARKER in message
@@ -521,6 +525,34 @@ class _Checker:
                 cur.last_line = number
         else:
             cur.last_line = number
+
+    def _late(self, cur: Invocation, entry: Entry) -> bool:
+        """A well-formed parity line of the current invocation after its gate decided, that will not be listed:
+        counted by its verdict alone (``GateState.well_formed_verdict``, what ``feed`` would say), without a
+        ParityLine. Most lines of a long journal come here. False: the full path must take it."""
+        message = entry.message
+        if MARKER not in message or entry.unreadable:
+            return False
+        fields = fast_fields(message, entry.prefixed)
+        if fields is None:
+            return False
+        token = fields[5]
+        if self.given is None and (token is None or token != cur.state.token or not cur.token_fixed):
+            return False  # it may start another invocation: the full path places it
+        state = cur.state
+        verdict = state.well_formed_verdict(fields[4], fields[3], token, message)
+        if verdict is LineVerdict.IGNORED:
+            if cur._ignored_listed < MAX_LISTED_IGNORED:
+                return False  # listed: the full path gives its reason
+            state.counts[LineVerdict.IGNORED] += 1
+            cur.ignored += 1
+        elif verdict is LineVerdict.FAIL:
+            return False  # the first few are listed, with their reason
+        else:
+            cur.late[verdict] += 1
+        cur.last_line = entry.number
+        cur.parity_lines += 1
+        return True
 
     def finish(self) -> tuple[Invocation, list[Invocation]]:
         for inv in [*self.done, self.current]:

@@ -307,3 +307,34 @@ def test_shapes_correct_keys_never_warn_and_the_bug_is_flagged_when_provable(
         f"kv_len_max={max(p)} scale=0.14468 mask=({mask},)"
     )
     assert isinstance(line, ShapesLine) and line.decode().warning == bug
+
+
+LONG_JOURNAL_LINES = st.one_of(
+    good_messages().map(lambda m: m.replace(" rel=", " rel=0", 1) if " rel=1" in m else m),  # mostly passing
+    good_messages(),
+    mutated(good_messages()),
+    good_messages().map(lambda m: m.replace(TOKEN, "f" * 32)),
+    good_messages().map(lambda m: m + f" note={TOKEN}"),
+    st.sampled_from(["INFO: serving", "Started sglang-k26-ddtree.service", f"INFO prompt {TOKEN}"]),
+)
+
+
+@given(
+    lines=st.lists(LONG_JOURNAL_LINES, min_size=1, max_size=60),
+    given_token=st.sampled_from([TOKEN, None]),
+    prefix=st.sampled_from(["", "2026-05-31T13:04:12+0000 ct200 python[22251]: "]),
+)
+def test_the_late_lane_counts_what_the_full_path_counts(lines: list[str], given_token: str | None, prefix: str) -> None:
+    """After the gate decided, the offline check counts well-formed lines by their verdict alone, without a
+    ParityLine (the benchmark's speed): its result is the full path's, figure for figure."""
+    from unittest import mock
+
+    from opsctl.gate import parity_check
+
+    text = "\n".join(prefix + line.replace("\n", " ") for line in lines)
+    if "\x00" in text or text.lstrip("\x1e").lstrip().startswith(("{", "data: {", "__CURSOR=")):
+        return  # binary, or read as JSON (refused): not what this compares
+    fast = check_journal(text, SETTINGS, tp=TP, token=given_token).to_json(all_invocations=True)
+    with mock.patch.object(parity_check._Checker, "_late", lambda *_: False):
+        full = check_journal(text, SETTINGS, tp=TP, token=given_token).to_json(all_invocations=True)
+    assert fast == full
