@@ -114,12 +114,19 @@ class Answers:
     def median(self) -> float | None:
         return statistics.median(t for _, t in self.divergences) if self.divergences else None
 
+    def diverged(self) -> str:
+        """``2 diverge from token 27 (median 29)``: how many differ, and how early (empty when none does)."""
+        k = len(self.divergences)
+        if not k:
+            return ""
+        if k == 1:
+            return f"1 diverges at token {self.first}"
+        return f"{k} diverge from token {self.first} (median {self.median:g})"
+
     def describe(self) -> str:
         text = f"{self.identical}/{self.judged} answers identical"
         if self.divergences:
-            text += f" (first {self.compare_tokens} tokens; the others diverge at token {self.first}"
-            text += "" if len(self.divergences) == 1 else f", median {self.median:g}"
-            text += ")"
+            text += f" over {self.compare_tokens} tokens; {self.diverged()}"
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -456,7 +463,7 @@ def compare(
                 (
                     Outcome.FAIL,
                     f"answers: {answers.identical}/{answers.judged} identical over the first {answers.compare_tokens} "
-                    f"tokens (need {settings.min_identical:.0%}); the others diverge from token {answers.first}",
+                    f"tokens (need {settings.min_identical:.0%}); {answers.diverged()}",
                 )
             )
         if speed.outcome is Outcome.FAIL and speed.ratio is not None:

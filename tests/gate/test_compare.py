@@ -101,12 +101,12 @@ def test_answers_fail_below_min_identical_and_report_where_they_diverge() -> Non
     c = compare(side(), side(outputs=changed), DEFAULTS, baseline="r1")
     assert c.outcome is Outcome.FAIL
     assert c.answers is not None and (c.answers.identical, c.answers.judged, c.answers.first) == (7, 16, 5)
-    assert "answers: 7/16 identical over the first 32 tokens (need 50%)" in c.reason
+    assert "answers: 7/16 identical over the first 32 tokens (need 50%); 9 diverge from token 5 (median 5)" in c.reason
     assert "7/16 answers identical" in c.line()
     changed_half = [(*output(i)[:30], 999, 999) if i < 8 else output(i) for i in range(16)]
     c = compare(side(), side(outputs=changed_half), DEFAULTS)
     assert c.outcome is Outcome.PASS and c.answers is not None and c.answers.identical == 8
-    assert "8/16 answers identical (first 32 tokens; the others diverge at token 30, median 30)" in c.line()
+    assert "8/16 answers identical over 32 tokens; 8 diverge from token 30 (median 30)" in c.line()
 
 
 def test_divergence_counts_only_the_compared_tokens_and_an_early_end() -> None:
