@@ -219,9 +219,11 @@ def to_jsonable(obj: Any) -> Any:
     name (``json_float``, the one place opsctl turns them)."""
     from pydantic import BaseModel
 
-    from ..gate.decision import json_float
-
     if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        from ..gate.decision import json_float  # imported only for a value that needs it (`hosts --json` starts fast)
+
         return json_float(obj)
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
