@@ -292,6 +292,8 @@ def _json_result(res: pipeline.DeployResult) -> dict[str, Any]:
         "rolled_back_to": res.rolled_back_to,
         "rollback_verdict": res.rollback_verdict,
         "gate": res.gate,
+        "stage": res.stage,  # where a verdict other than the gate's came from ("comparison")
+        "comparison": res.comparison,  # the comparison with the release replaced (docs/gate.md "The comparison")
         "bytes_sent": res.bytes_sent,
         "step_times_s": {k: round(v, 3) for k, v in res.step_times.items()},
         "elapsed_s": round(res.elapsed_s, 3),

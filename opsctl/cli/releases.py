@@ -76,6 +76,7 @@ def releases_command(
                 "verdict_at": last.at if last else None,
                 "removed_at": rec.at,
                 "removed_by": f"cleanup after deploying {rec.release}" if rec.release else "cleanup",
+                "comparison": figures[rid].to_json(samples=True) if rid in figures else None,
             }
         )
     if as_json:

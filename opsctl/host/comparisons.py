@@ -24,6 +24,7 @@ class ReleaseFigures:
     event: HistoryEvent
     at: str | None
     verdict: DeployVerdict | None
+    stage: str | None  # where the record's verdict came from when not the gate ("comparison")
     outcome: str | None  # the comparison's: PASS, FAIL, UNDECIDED, ERROR
     line: str | None  # its one line
     baseline_release: str | None  # what it was compared with (None: not compared, the sample only recorded)
@@ -43,6 +44,8 @@ class ReleaseFigures:
         doc: dict[str, Any] = {
             "event": str(self.event),
             "at": self.at,
+            "verdict": str(self.verdict) if self.verdict is not None else None,
+            "stage": self.stage,
             "outcome": self.outcome,
             "line": self.line,
             "baseline_release": self.baseline_release,
@@ -99,6 +102,7 @@ def figures_of(record: HistoryRecord) -> ReleaseFigures | None:
         event=record.event,
         at=record.at,
         verdict=record.verdict,
+        stage=record.stage,
         outcome=_text(c.get("outcome")),
         line=_text(c.get("line")),
         baseline_release=_text(c.get("baseline_release")),
