@@ -272,10 +272,12 @@ def driver_env(base: dict[str, str], *, device: str, backend_root: Path | None =
 
 
 def read_results(path: Path) -> dict[Any, Any]:
-    """The driver's JSON lines -> ``{"header": {...}, (case, backend): result}``."""
+    """The driver's records -> ``{"header": {...}, (case, backend): result}``: JSON lines as a run writes them under
+    ``$OUT``, or one JSON array as committed under ``kernel/bench/results/`` (results there are JSON and markdown)."""
     results: dict[Any, Any] = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
+    text = path.read_text()
+    records = json.loads(text) if path.suffix == ".json" else [json.loads(line) for line in text.splitlines()]
+    for record in records:
         if record.get("header"):
             results["header"] = record
         else:
@@ -517,7 +519,7 @@ def summary_markdown(results: dict[Any, Any], bug: dict[Any, Any] | None = None)
         "",
         f"{header['device_name']}, torch {header['torch']}; stubs installed: {', '.join(header['stubs_installed'])}.",
         "Made by `bash kernel/bench/run_device.sh build sglang-kit` (tests/backend/test_sglang_kit_gpu.py);",
-        "`python tests/backend/sglang_kit.py --summarize sglang-kit.jsonl sglang-kit-bug.jsonl` writes this table.",
+        "`python tests/backend/sglang_kit.py --summarize sglang-kit.json sglang-kit-bug.json` writes this table.",
         "kit: the kit's own assert_close; calls: the kernel's calls (eager leg, capture, padded replay); parity: the",
         "`[kdtree]` lines' rel (kernel vs SGLang's Triton on the same call); vs triton: kdtree's final output",
         "against SGLang's Triton backend run on the same case; vs kit ref: against the kit's dense reference.",
