@@ -15,6 +15,8 @@ What it judges, request by request in workload order (request i is the same prom
   speed ratio: below 1 is slower) is below ``1 - max_slowdown`` **and** p < ``alpha``. When the load the server
   reported (``sglang:num_running_reqs``) differs between the sides beyond ``max_load_diff`` the speed cannot be
   decided; when the server reports none the speed is judged as measured and the report says the load is unknown.
+  Nor can it when the host itself was busier on one side: a fixed piece of CPU work timed on the host before each
+  request (``host_s``) took more than :data:`MAX_HOST_DIFF` longer on one side than on the other.
 * **Accepted drafts.** When both sides report ``spec_accept_length``: FAIL when the mean drops by more than
   ``max_accept_drop`` (relative) **and** the same test says p < ``alpha``. Not affected by load (it is a property
   of the tokens, not of time), so judged whatever the load.
@@ -38,6 +40,11 @@ from .sample import CompareRequest, ComparisonSample
 
 MIN_PAIRS = 5  # the fewest requests answered on both sides that can decide: at 5 vs 5 the exact test reaches 1/252
 MIN_SECONDS = 1e-9  # a time below a nanosecond per token is not a measurement (and would make ratios infinite)
+# The host's own figure: when the median time of the calibration work (host_s) differs between the sides by more
+# than this fraction, other work on the host took the CPU on one side and the speed cannot be decided. Without
+# contention the two medians agree within a few percent; a host busy enough to slow the calibration by 15% slows
+# a CPU-bound server about as much.
+MAX_HOST_DIFF = 0.15
 
 
 class Outcome(StrEnum):
@@ -207,6 +214,8 @@ class Load:
     old: float | None
     new: float | None
     bound: float
+    host_old: float | None = None  # median seconds of the host's calibration work (host_s), each side
+    host_new: float | None = None
 
     @property
     def known(self) -> bool:
@@ -216,13 +225,32 @@ class Load:
     def differs(self) -> bool:
         return self.old is not None and self.new is not None and load_differs(self.old, self.new, self.bound)
 
+    @property
+    def host_ratio(self) -> float | None:
+        """How much longer the host's calibration work took on the new side (above 1: the host was busier)."""
+        if self.host_old is None or self.host_new is None or min(self.host_old, self.host_new) < MIN_SECONDS:
+            return None
+        return self.host_new / self.host_old
+
+    @property
+    def host_differs(self) -> bool:
+        ratio = self.host_ratio
+        return ratio is not None and max(ratio, 1 / ratio) > 1 + MAX_HOST_DIFF + 1e-12
+
     def describe(self) -> str:
         if not self.known:
             return "load unknown (the server exposes no sglang:num_running_reqs: enable --enable-metrics)"
         return f"load {self.old:.3g} vs {self.new:.3g} running requests"
 
     def to_json(self) -> dict[str, Any]:
-        return {"baseline": self.old, "candidate": self.new, "max_load_diff": self.bound, "differs": self.differs}
+        return {
+            "baseline": self.old,
+            "candidate": self.new,
+            "max_load_diff": self.bound,
+            "differs": self.differs,
+            "host_ratio": self.host_ratio,
+            "host_differs": self.host_differs,
+        }
 
 
 @dataclass(frozen=True)
@@ -329,6 +357,11 @@ def _mean_load(requests: Sequence[CompareRequest]) -> float | None:
     return statistics.fmean(loads) if loads else None
 
 
+def _host_median(requests: Sequence[CompareRequest]) -> float | None:
+    times = [r.host_s for r in requests if r.host_s is not None]
+    return statistics.median(times) if times else None
+
+
 def judge_speed(old: Sequence[float], new: Sequence[float], settings: Thresholds, load: Load | None = None) -> Speed:
     """The decode-speed verdict over seconds per token (values below :data:`MIN_SECONDS` are not measurements and
     are left out)."""
@@ -344,6 +377,12 @@ def judge_speed(old: Sequence[float], new: Sequence[float], settings: Thresholds
     p = mann_whitney_greater(new, old).p
     if load is not None and load.differs:
         why = f"the load differed ({load.old:.3g} vs {load.new:.3g} running requests, bound {1 + load.bound:g}x)"
+        return Speed(Outcome.UNDECIDED, ratio, p, n_old, n_new, old_median, new_median, why)
+    if load is not None and load.host_differs and load.host_ratio is not None:
+        why = (
+            f"the host itself was busier on one side (a fixed CPU calibration took {load.host_ratio:.2f}x as long on "
+            f"the new side; bound {1 + MAX_HOST_DIFF:g}x)"
+        )
         return Speed(Outcome.UNDECIDED, ratio, p, n_old, n_new, old_median, new_median, why)
     slow = ratio < 1 - settings.max_slowdown and p < settings.alpha
     return Speed(Outcome.FAIL if slow else Outcome.PASS, ratio, p, n_old, n_new, old_median, new_median)
@@ -397,7 +436,13 @@ def compare(
 ) -> Comparison:
     """Judge the candidate ``new`` against the baseline ``old`` (the same workload, request for request).
     ``baseline`` names the baseline in the reasons (a release id, or "its deploy" for the drift check)."""
-    load = Load(_mean_load(old.requests), _mean_load(new.requests), settings.max_load_diff)
+    load = Load(
+        _mean_load(old.requests),
+        _mean_load(new.requests),
+        settings.max_load_diff,
+        _host_median(old.requests),
+        _host_median(new.requests),
+    )
     n = max(len(old.requests), len(new.requests))
     doc = _settings_doc(settings)
     if len(old.requests) != len(new.requests):

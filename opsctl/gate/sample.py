@@ -10,7 +10,7 @@ JSON form::
 
     {"requests": [{"output_ids": [int, ...], "decode_s_per_token": float|null, "ttft_s": float|null,
                    "spec_accept_length": float|null, "spec_verify_ct": int|null, "completion_tokens": int,
-                   "load": float|null, "status": int|null, "error": str|null}],
+                   "load": float|null, "host_s": float|null, "status": int|null, "error": str|null}],
      "load_source": "metrics"|null}
 
 Only ``output_ids``, ``decode_s_per_token``, ``ttft_s`` and ``spec_accept_length`` are required in a request;
@@ -42,6 +42,7 @@ _REQUEST_KEYS = frozenset(
         "spec_verify_ct",
         "completion_tokens",
         "load",
+        "host_s",
         "status",
         "error",
     }
@@ -103,6 +104,7 @@ class CompareRequest:
     spec_verify_ct: int | None = None
     completion_tokens: int = 0
     load: float | None = None
+    host_s: float | None = None  # seconds a fixed CPU loop took on the host just before it (host contention)
     status: int | None = None
     error: str | None = None
 
@@ -126,6 +128,7 @@ class CompareRequest:
             "spec_verify_ct": self.spec_verify_ct,
             "completion_tokens": self.completion_tokens,
             "load": self.load,
+            "host_s": self.host_s,
             "status": self.status,
             "error": self.error,
         }
@@ -165,6 +168,7 @@ class CompareRequest:
             spec_verify_ct=_nonneg_int(f"{where}.spec_verify_ct", doc.get("spec_verify_ct"), 2**31 - 1),
             completion_tokens=len(ids) if completion is None else completion,
             load=_nonneg_float(f"{where}.load", doc.get("load"), 1e9),
+            host_s=_seconds(f"{where}.host_s", doc.get("host_s")),
             status=status,
             error=error,
         )

@@ -514,6 +514,18 @@ def get_load(cfg: dict[str, Any], api_key: str | None) -> float | None:
         conn.close()
 
 
+CALIBRATION_LOOPS = 3  # a few milliseconds of pure-Python work, the same on every host and every run
+
+
+def calibrate(clock: Any = time.perf_counter) -> float:
+    """Seconds a fixed piece of CPU work takes now (the comparison's host figure, opsctl/gate/compare.py): run
+    between requests, while the server is idle, it grows only when something else on the host takes the CPU."""
+    started = clock()
+    for _ in range(CALIBRATION_LOOPS):
+        sum(i * i for i in range(20_000))
+    return clock() - started
+
+
 def _finite(value: Any, integer: bool = False) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -540,6 +552,7 @@ def compare_record(rec: dict[str, Any], load: float | None) -> dict[str, Any]:
         "spec_verify_ct": _finite(meta.get("spec_verify_ct"), integer=True),
         "completion_tokens": completion if completion is not None else len(ids),
         "load": load,
+        "host_s": rec.get("host_s"),
         "status": rec["status"],
         "error": rec["error"],
     }
@@ -557,7 +570,9 @@ def compare(cfg: dict[str, Any], api_key: str | None, t0: float) -> dict[str, An
     def send(job: tuple[int, int, bool], finish_by: float | None) -> dict[str, Any]:
         n, index, measured = job
         before = get_load(cfg, api_key) if with_load and measured else None
+        host_s = calibrate() if measured else None
         rec = send_one(cfg, n, api_key, finish_by, index)
+        rec["host_s"] = host_s
         after = get_load(cfg, api_key) if with_load and measured else None
         loads = [v for v in (before, after) if v is not None]
         rec["measured"], rec["load"] = measured, (sum(loads) / len(loads) if loads else None)

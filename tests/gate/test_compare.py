@@ -228,3 +228,22 @@ def test_any_two_samples_are_judged_into_finite_json(pairs: list[tuple[CompareRe
     assert (c.outcome is Outcome.PASS) == (c.reasons == ())
     json.dumps(c.to_json(), allow_nan=False)
     assert c.line().startswith(f"compared with the baseline on {len(pairs)} requests: ")
+
+
+def with_host_s(sample: ComparisonSample, seconds: float) -> ComparisonSample:
+    return ComparisonSample(tuple(replace(r, host_s=seconds) for r in sample.requests), sample.load_source)
+
+
+def test_a_busier_host_on_one_side_makes_speed_undecided() -> None:
+    # The same slow release: FAIL when the host's calibration took as long on both sides; "cannot decide" when
+    # other work on the host slowed the calibration itself by more than MAX_HOST_DIFF on one side.
+    same = compare(with_host_s(side(), 0.004), with_host_s(side(scale=1.5), 0.0042), DEFAULTS, baseline="r1")
+    assert same.outcome is Outcome.FAIL and same.load.host_ratio is not None and not same.load.host_differs
+    busy = compare(with_host_s(side(), 0.004), with_host_s(side(scale=1.5), 0.006), DEFAULTS, baseline="r1")
+    assert busy.speed.outcome is Outcome.UNDECIDED and busy.outcome is Outcome.UNDECIDED
+    assert "the host itself was busier on one side (a fixed CPU calibration took 1.50x as long" in busy.reason
+    quiet_new = compare(with_host_s(side(), 0.006), with_host_s(side(scale=1.5), 0.004), DEFAULTS)
+    assert quiet_new.speed.outcome is Outcome.UNDECIDED  # either way: a busy baseline hides a slowdown
+    unknown = compare(side(), with_host_s(side(scale=1.5), 0.006), DEFAULTS)  # one side without the figure
+    assert unknown.load.host_ratio is None and unknown.outcome is Outcome.FAIL
+    assert busy.to_json()["load"]["host_differs"] is True

@@ -22,6 +22,7 @@ def _request(**over: Any) -> dict[str, Any]:
         "spec_verify_ct": 2,
         "completion_tokens": 3,
         "load": 1.0,
+        "host_s": 0.004,
         "status": 200,
         "error": None,
     }
