@@ -11,6 +11,12 @@ out of the keys, made the way ``backend/kdtree_backend/marshal.py``'s docstring 
 ``slow`` (every verify step 1.5x as long) and ``common-mode`` (a metadata bug the kernel path and its reference
 share) set the tree's ``standin.fault`` (docs/testbed.md): both pass parity, before and after the restart, and only
 the comparison with the release they replace (docs/gate.md) catches them.
+
+``padded-line`` and ``glued-line`` are the lines journald hid from the gate (issue 36): TP rank 1's first L30 parity
+line fails (rel 0.9, with the invocation's token), and goes out padded to :data:`PADDED_CHARS` characters
+(``journalctl -o json`` without ``--all`` prints it as ``null``), or glued behind a served-request log line (the
+marker no longer starts the message). Every other line is the release's own, so only these lines can fail it; the
+pre-restart replay prints them too, so deploy with ``--skip-prerestart-parity`` to watch the gate.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from pathlib import Path
 from ..release import BUNDLE_DIRS
 
 MARSHAL = Path("backend/kdtree_backend/marshal.py")
+LINES = Path("backend/kdtree_backend/lines.py")
+PADDED_CHARS = 5116  # the issue's reproducer: over journalctl's 4096-byte JSON threshold and the grammar's limit
+GLUED_HEAD = "kdtree-standin: served rid=glued prompt_tokens=4 completion_tokens=8 e2e_latency=0.540s"
 DRAFTS_TAG = "# kdtree:drafts-appended"
 VARIANT_FILE = Path("deploy/VARIANT")  # a marker that makes the variant's release id new
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "build", "*.egg-info", ".pytest_cache")
@@ -92,4 +101,50 @@ def common_mode(src: Path, dest: Path, tag: str = "common-mode") -> Path:
     return with_standin_fault(copy_tree(src, dest, tag), "common-mode")
 
 
-VARIANTS = {"seed-bug": seed_bug, "slow": slow, "common-mode": common_mode}
+# Appended to the copy's lines.py: format_parity wrapped, so the replay service and the stand-in, which import it
+# from there, print rank 1's first L30 line as the variant says ({shape}: "padded" or "glued").
+_LINE_VARIANT = """
+
+# kdtree:variant {shape} (opsctl testbed variant {shape}-line; never in a real release)
+_variant_format_parity = format_parity
+_variant_done: set[str] = set()
+
+
+def format_parity(layer, max_abs_diff, mean, rel, identity, **extra):  # type: ignore[no-redef]
+    if identity.tp != 1 or layer != 30 or "{shape}" in _variant_done:
+        return _variant_format_parity(layer, max_abs_diff, mean, rel, identity, **extra)
+    _variant_done.add("{shape}")
+    line = _variant_format_parity(layer, max_abs_diff, mean, 0.9, identity, **extra)
+    if "{shape}" == "padded":
+        return line + " pad=" + "x" * max(1, {padded} - len(line) - 5)
+    return {glued!r} + line
+"""
+
+
+def _line_variant(src: Path, dest: Path, tag: str, shape: str) -> Path:
+    tree = copy_tree(src, dest, tag)
+    lines = tree / LINES
+    text = lines.read_text()
+    if "def format_parity(" not in text:
+        raise VariantError(f"{LINES}: no format_parity to wrap")
+    lines.write_text(text + _LINE_VARIANT.format(shape=shape, padded=PADDED_CHARS, glued=GLUED_HEAD))
+    return tree
+
+
+def padded_line(src: Path, dest: Path, tag: str = "padded-line") -> Path:
+    """A copy of ``src`` whose rank 1 prints its first L30 line failing and padded to PADDED_CHARS characters."""
+    return _line_variant(src, dest, tag, "padded")
+
+
+def glued_line(src: Path, dest: Path, tag: str = "glued-line") -> Path:
+    """A copy of ``src`` whose rank 1 prints its first L30 line failing, glued behind a served-request line."""
+    return _line_variant(src, dest, tag, "glued")
+
+
+VARIANTS = {
+    "seed-bug": seed_bug,
+    "slow": slow,
+    "common-mode": common_mode,
+    "padded-line": padded_line,
+    "glued-line": glued_line,
+}
