@@ -7,6 +7,7 @@ only lines with the token it handed out, so text that merely looks like a parity
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -14,7 +15,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from .wire import MARKER, PARITY_TOKEN_VAR, TOKEN_RE
+from .wire import MARKER, PARITY_TOKEN_VAR, PARITY_VALUE_MAX, TOKEN_RE
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,14 @@ def format_shapes(
 def format_parity(
     layer: int, max_abs_diff: float, mean: float, rel: float, identity: ParityIdentity, **extra: object
 ) -> str:
-    """``[kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00 tp=0 token=...``"""
+    """``[kdtree] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00 tp=0 token=...``
+
+    A finite value above ``PARITY_VALUE_MAX`` is printed as that (it still fails any gate), so every finite value
+    prints as a number opsctl's parser reads back; NaN, an infinity or a negative value prints as Python writes it,
+    which the parser refuses: a FAIL, as it must be."""
+    max_abs_diff, mean, rel = (
+        PARITY_VALUE_MAX if PARITY_VALUE_MAX < v < math.inf else v for v in (max_abs_diff, mean, rel)
+    )
     line = f"{MARKER} L{layer} max_abs_diff={max_abs_diff:.4e} mean={mean:.4e} rel={rel:.4e} tp={identity.tp}"
     if identity.token is not None:
         line += f" token={identity.token}"
