@@ -173,11 +173,10 @@ def _typed(value: Any, kind: type) -> Any:
     return value if isinstance(value, kind) else None
 
 
-def append_history_command(layout: Layout, line: str) -> str:
-    """Append one line (one small write: concurrent readers never see half of it)."""
-    return (
-        f"mkdir -p {shlex.quote(layout.state)} && printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(layout.history)}"
-    )
+def append_history_command(layout: Layout) -> str:
+    """Append the line given on stdin: on stdin, not in the command, because a record can be larger than one
+    argument may be (a deploy's comparison carries both samples' output ids)."""
+    return f"mkdir -p {shlex.quote(layout.state)} && cat >> {shlex.quote(layout.history)}"
 
 
 def read_history_command(layout: Layout) -> str:
@@ -185,9 +184,10 @@ def read_history_command(layout: Layout) -> str:
 
 
 def append_history(r: Remote, layout: Layout, record: HistoryRecord) -> None:
-    """One JSON line per event; one small append (< PIPE_BUF) so concurrent readers never see half a line."""
+    """One JSON line per event, appended by one write of ``cat`` (a line shorter than its buffer is never seen
+    half-written; a torn last line after a power cut is skipped by the reader)."""
     line = json.dumps({**record.as_json(), "at": utc_now()}, sort_keys=True, default=str)
-    r.run(append_history_command(layout, line), timeout=60)
+    r.run(append_history_command(layout), stdin=line + "\n", timeout=60)
 
 
 def parse_history(text: str) -> list[HistoryRecord]:

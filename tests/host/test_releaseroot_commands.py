@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from pathlib import Path
@@ -37,9 +38,11 @@ def test_only_release_ids_are_removed() -> None:
 def test_history_line_survives_the_shell(tmp_path: Path) -> None:
     lay = hl.Layout(str(tmp_path / "k e"))
     line = '{"note": "it\'s \\"quoted\\" $HOME `id`"}'
-    assert sh(host_history.append_history_command(lay, line)).returncode == 0
-    assert sh(host_history.append_history_command(lay, line)).returncode == 0
-    assert sh(host_history.read_history_command(lay)).stdout == f"{line}\n{line}\n"
+    assert sh(host_history.append_history_command(lay), stdin=f"{line}\n").returncode == 0
+    big = json.dumps({"comparison": {"candidate": {"requests": [{"output_ids": list(range(40_000))}]}}})
+    assert len(big) > 131_072  # longer than one argument may be (MAX_ARG_STRLEN): it travels on stdin
+    assert sh(host_history.append_history_command(lay), stdin=f"{big}\n").returncode == 0
+    assert sh(host_history.read_history_command(lay)).stdout == f"{line}\n{big}\n"
     assert sh(host_history.read_history_command(hl.Layout(str(tmp_path / "none")))).returncode == 0
 
 
