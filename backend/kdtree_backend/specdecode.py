@@ -35,7 +35,7 @@ from .batch import DL, DR, VerifyBatch, mla_softmax_scale
 from .drafter import DraftTree, accept, propose
 from .replay import ReplayService
 from .tinymodel import EMBED_ROWS, VOCAB, ModelShape, TinyModel
-from .verify import marshal_verify
+from .verify import VerifyMetadata, marshal_verify
 
 CONTEXT_LEN = 8192  # longest prompt + max_new_tokens one request may ask for
 # Every request's context starts with this many fixed tokens (the BOS and system prompt of a real model), so a
@@ -197,10 +197,38 @@ class SpeculativeDecoder:
     def step(self, states: Sequence[RequestState], index: int, parity_layers: Collection[int]) -> None:
         """Verify step ``index`` (the server's global count, for capture) of ``states`` as one batch: each gains
         its accepted drafts and the bonus token (appended to ``tokens``; the caller truncates at max_new_tokens)."""
-        q_len, device = self.q_len, self.service.device
+        q_len = self.q_len
         trees = [propose(state.tokens, q_len, self.guess) for state in states]
         bs = len(states)
         draft_rows = self.pool.alloc(bs * q_len)
+        try:
+            target = self._verify(states, trees, draft_rows, index, parity_layers)
+        except BaseException:
+            self.pool.release(draft_rows)  # a failed step leaves the requests as they were
+            raise
+        for b, (state, tree) in enumerate(zip(states, trees, strict=True)):
+            mine = draft_rows[b * q_len : (b + 1) * q_len]
+            result = accept(tree, target[b * q_len : (b + 1) * q_len])
+            kept = {0, *result.path}
+            state.rows.extend(mine[node] for node in (0, *result.path))
+            self.pool.release([row for node, row in enumerate(mine) if node not in kept])
+            state.tokens.extend(result.tokens)
+            state.verify_ct += 1
+            state.accepted_drafts += result.drafts
+            state.step_tokens.append(len(result.tokens))
+        self.service.outcome.steps_done += 1
+
+    def _verify(
+        self,
+        states: Sequence[RequestState],
+        trees: Sequence[DraftTree],
+        draft_rows: Sequence[int],
+        index: int,
+        parity_layers: Collection[int],
+    ) -> list[int]:
+        """The model's forward over the trees' nodes, attention through the verify path: the target's greedy
+        token after each node (request-major, ``q_len`` per request)."""
+        device = self.service.device
         batches, meta, positions, tokens = self._metadata(states, trees, draft_rows)
         capturing = [
             self.service.begin_capture(index, ident, batches[ident.tp], meta) for ident in self.service.identities
@@ -221,22 +249,11 @@ class SpeculativeDecoder:
                 )  # fmt: skip
                 update += self.model.attention_output(out.cpu(), layer, identity.tp)
             hidden = hidden + update
-        target = self.model.next_tokens(hidden)
-        for b, (state, tree) in enumerate(zip(states, trees, strict=True)):
-            mine = draft_rows[b * q_len : (b + 1) * q_len]
-            result = accept(tree, target[b * q_len : (b + 1) * q_len])
-            kept = {0, *result.path}
-            state.rows.extend(mine[node] for node in (0, *result.path))
-            self.pool.release([row for node, row in enumerate(mine) if node not in kept])
-            state.tokens.extend(result.tokens)
-            state.verify_ct += 1
-            state.accepted_drafts += result.drafts
-            state.step_tokens.append(len(result.tokens))
-        self.service.outcome.steps_done += 1
+        return self.model.next_tokens(hidden)
 
     def _metadata(
         self, states: Sequence[RequestState], trees: Sequence[DraftTree], draft_rows: Sequence[int]
-    ) -> tuple[list[VerifyBatch], object, torch.Tensor, torch.Tensor]:
+    ) -> tuple[list[VerifyBatch], VerifyMetadata, torch.Tensor, torch.Tensor]:
         """SGLang's TARGET_VERIFY metadata of the step (one VerifyBatch per rank: same metadata and pool, the
         rank's own queries), the marshaled kernel inputs, and the nodes' positions and tokens."""
         q_len, device, bs = self.q_len, self.service.device, len(states)
