@@ -146,7 +146,7 @@ class JournalReader:
             prefixed = bool(self.prefixed)
             for number, line in enumerate(lines, base + 1):
                 if MARKER in line:
-                    yield Entry(number, line, "", False, False, prefixed)
+                    yield _new_entry(Entry, (number, line, "", False, False, prefixed))  # Entry(...), minus a frame
                 elif (LAUNCH_START in line or "systemd[1]: Start" in line or line.startswith("-- ")) and (
                     _text_boundary(line)
                 ):
@@ -219,6 +219,7 @@ class JournalReader:
         return Entry(number, message, invocation, boundary)
 
 
+_new_entry = tuple.__new__
 BLOCK_BYTES = 1 << 22  # read at a time; a line longer than this is cut (its start judged, its rest searched)
 _TOKEN_IN_TAIL = re.compile(rb"token=([A-Za-z0-9_-]{8,128})")
 
@@ -494,9 +495,7 @@ class _Checker:
         return cur  # the same token, or a line without one inside a token's run (ignored there)
 
     def feed(self, entry: Entry) -> None:
-        cur = self.current
-        if cur.state.verdict is not Verdict.PENDING and not entry.boundary and self._late(cur, entry):
-            return
+        """One entry by the full path (``check_entries`` offers it to :meth:`_late` first)."""
         number, message = entry.number, entry.message
         prefixed = entry.prefixed
         marked = MARKER in message
@@ -571,8 +570,12 @@ def check_entries(
     """Judge journal entries as the deploy's gate would (see the module's docstring for which lines). ``reader``:
     the :class:`JournalReader` the entries come from (its text format, and the token it watches for)."""
     checker = _Checker(settings, tp, token, reader)
+    feed, late = checker.feed, checker._late
     for entry in entries:
-        checker.feed(entry)
+        cur = checker.current
+        # The lane of lines after the decision first (most lines of a long journal), then the full path.
+        if cur.state.verdict is Verdict.PENDING or entry.boundary or not late(cur, entry):
+            feed(entry)
     judged, invocations = checker.finish()
     return ParityCheck(judged=judged, invocations=invocations, token_given=token is not None)
 
