@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -235,7 +236,10 @@ def test_the_cli_shows_the_probe_and_never_the_api_key(
     shown = opsctl("deploy", HOST, "--force", "--yes", "--src", str(good_tree), "--inventory", inv)
     assert shown.returncode == 0 and "probe wave 1:" in shown.stdout and "; probe: " in shown.stdout
     status = opsctl("status", HOST, "--inventory", inv)
-    assert "last restart: ready" in status.stdout, status.stdout
+    # The verdict and its restart times from one record, on one line (issue 38).
+    assert re.search(r"^last verdict: PASS \(deploy .*\); ready [\d.]+s after the restart", status.stdout, re.M), (
+        status.stdout
+    )
     _, history = state(tb)
     assert_no_key(plan.stdout, plan.stderr, out.stdout, out.stderr, shown.stdout, shown.stderr, status.stdout, history)
 
