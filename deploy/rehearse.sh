@@ -3,10 +3,17 @@
 #   boot the testbed (real systemd-nspawn hosts), deploy this working tree to `local` through the full pipeline
 #   (upload, verify, build, pre-restart parity, switch, unit, restart, readiness, probe traffic, gate), then show the
 #   verdict, the status and the decoded shapes lines from the journal.
-# Usage: deploy/rehearse.sh [--bad] [extra `opsctl deploy` options, e.g. --gate-timeout 120]
+#   The comparison with the release replaced (docs/gate.md "The comparison") is printed after the deploy.
+# Usage: deploy/rehearse.sh [--bad] [--slow] [--common-mode] [extra `opsctl deploy` options, e.g. --gate-timeout 120]
 #   --bad: then also deploy a copy of this tree with the seed's bug (drafts left out of the keys, opsctl.testbed.
 #          variants) past the pre-restart check, and show the gate catch it on the probe's traffic and the host
-#          left on the good release. Exit 0 only when the good release PASSed and the bad one was caught.
+#          left on the good release.
+#   --slow: then deploy a copy whose every verify step takes 1.5x as long (`opsctl testbed variant slow`): parity
+#          passes, the comparison's decode speed FAILs, the release is rolled back.
+#   --common-mode: then deploy a copy with a metadata bug the kernel path and its reference share (`opsctl testbed
+#          variant common-mode`): parity passes, the answers differ, the comparison FAILs, rolled back.
+#   Each: exit 0 only when the good release PASSed and every bad one was caught (exit 31, the host back on the good
+#   release, caught at the stage the flag names).
 # Needs root (systemd-nspawn): as a user it runs itself through sudo. Exit code: the deploy's (0 only on a PASS).
 set -euo pipefail
 # shellcheck source=../scripts/as-root.sh
@@ -20,10 +27,17 @@ else
     exit 2
 fi
 BAD=0
-if [ "${1:-}" = --bad ]; then
-    BAD=1
+SLOW=0
+COMMON=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bad) BAD=1 ;;
+        --slow) SLOW=1 ;;
+        --common-mode) COMMON=1 ;;
+        *) break ;;
+    esac
     shift
-fi
+done
 STATE=${OPSCTL_TESTBED_DIR:-.testbed}
 INV="$STATE/inventory.yaml"
 
@@ -36,23 +50,69 @@ echo "== status of local"
 "$OPSCTL" --inventory "$INV" status local || true
 echo "== the last [kdtree] shapes lines, decoded"
 "$OPSCTL" --inventory "$INV" logs local --grep shapes --lines 5000 | tail -n 6 || true
-if [ "$BAD" = 1 ] && [ "$rc" = 0 ]; then
-    good=$("$OPSCTL" --inventory "$INV" status local --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["current"])')
-    bad_tree=$(mktemp -d /tmp/kdtree-seed-bug.XXXXXX)
-    trap 'rm -rf "$bad_tree"' EXIT
-    "$OPSCTL" testbed variant seed-bug "$bad_tree/tree" >/dev/null
-    echo "== deploy a release with the seed's bug (drafts left out of the keys) past the pre-restart check"
-    bad_rc=0
-    "$OPSCTL" --inventory "$INV" deploy local --yes --src "$bad_tree/tree" --skip-prerestart-parity "$@" || bad_rc=$?
-    now=$("$OPSCTL" --inventory "$INV" status local --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["current"])')
-    echo "== status of local after the bad release"
-    "$OPSCTL" --inventory "$INV" status local || true
-    if [ "$bad_rc" = 31 ] && [ "$now" = "$good" ]; then
-        echo "== rehearsal --bad: the gate caught the seed's bug (exit 31); local is back on the good release $good"
+current() {
+    "$OPSCTL" --inventory "$INV" status local --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["current"])'
+}
+# The comparison line of the running release's deploy (opsctl releases --json: each release's comparison).
+running_comparison() {
+    "$OPSCTL" --inventory "$INV" releases local --json | python3 -c '
+import json, sys
+rows = [r for r in json.load(sys.stdin) if "current" in r["flags"]]
+c = rows[0].get("comparison") if rows else None
+print(c["line"] if c and c.get("line") else "none recorded")'
+}
+echo "== the comparison with the release it replaced: $(running_comparison)"
+bad_tree=$(mktemp -d /tmp/kdtree-variants.XXXXXX)
+trap 'rm -rf "$bad_tree"' EXIT
+# stage_and_line ID: where the deploy of release ID stopped ("gate" when no comparison was recorded for it) and its
+# comparison line (opsctl releases --json).
+stage_and_line() {
+    "$OPSCTL" --inventory "$INV" releases local --json | python3 -c '
+import json, sys
+rows = [r for r in json.load(sys.stdin) if r["id"] == sys.argv[1]]
+c = rows[0].get("comparison") if rows else None
+print((c or {}).get("stage") or "gate", (c or {}).get("line") or "-", sep="\t")' "$1"
+}
+# caught NAME VARIANT STAGE [deploy options]: deploy `opsctl testbed variant VARIANT` of this tree; it must exit 31,
+# stop at STAGE ("gate" or "comparison") and leave local on the good release.
+caught() {
+    local name=$1 variant=$2 stage=$3 good now id got line bad_rc=0
+    shift 3
+    good=$(current)
+    "$OPSCTL" testbed variant "$variant" "$bad_tree/$variant" >/dev/null
+    id=$("$OPSCTL" bundle --src "$bad_tree/$variant" 2>/dev/null)
+    echo "== deploy a release with $name ($id)"
+    "$OPSCTL" --inventory "$INV" deploy local --yes --src "$bad_tree/$variant" "$@" || bad_rc=$?
+    IFS=$'\t' read -r got line < <(stage_and_line "$id")
+    local tries=1
+    # Speed "cannot decide" (other work took this machine's CPU on one side) passes the release: put the good one
+    # back (the baseline must be the good release) and deploy it again.
+    while [ "$bad_rc" = 0 ] && [ "$tries" -lt 3 ] && [[ "$line" == *"cannot decide"* ]]; do
+        echo "== the comparison could not decide ($line): back to $good, then deploying it again"
+        tries=$((tries + 1))
+        bad_rc=0
+        "$OPSCTL" --inventory "$INV" rollback local --to "$good" --yes >/dev/null || true
+        "$OPSCTL" --inventory "$INV" deploy local --yes --src "$bad_tree/$variant" "$@" || bad_rc=$?
+        IFS=$'\t' read -r got line < <(stage_and_line "$id")
+    done
+    now=$(current)
+    echo "== the comparison: $line"
+    if [ "$bad_rc" = 31 ] && [ "$now" = "$good" ] && [ "$got" = "$stage" ]; then
+        echo "== rehearsal: $name caught at the $stage (exit 31); local is back on the good release $good"
     else
-        echo "== rehearsal --bad: NOT CAUGHT as expected (deploy exit $bad_rc, current $now, good $good)"
+        echo "== rehearsal: $name NOT CAUGHT as expected (deploy exit $bad_rc, stage $got, current $now, good $good)"
         rc=1
     fi
+}
+if [ "$rc" = 0 ] && [ "$BAD" = 1 ]; then
+    caught "the seed's bug (drafts left out of the keys) past the pre-restart check" seed-bug gate \
+        --skip-prerestart-parity "$@"
+fi
+if [ "$rc" = 0 ] && [ "$SLOW" = 1 ]; then
+    caught "every verify step 1.5x as long (parity passes)" slow comparison "$@"
+fi
+if [ "$rc" = 0 ] && [ "$COMMON" = 1 ]; then
+    caught "a metadata bug the kernel and its reference share (parity passes)" common-mode comparison "$@"
 fi
 echo "== rehearsal: $([ "$rc" = 0 ] && echo PASS || echo "FAILED (exit $rc)"); next: $OPSCTL --inventory $INV --help"
 exit "$rc"
