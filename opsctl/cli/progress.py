@@ -239,7 +239,8 @@ class RichReporter:
         self._line(f"  [yellow]{escape(message)}[/]", f"  {message}")
 
     def parity(self, line: ParityLine, verdict: LineVerdict) -> None:
-        new = self.board.feed(line, verdict) if self.board is not None else True
+        # Outside a check (after its verdict) a line is no new fact: only --verbose prints it.
+        new = self.board.feed(line, verdict) if self.board is not None else False
         if not (new or self.verbose):
             return
         rank = f" TP{line.rank}" if line.rank is not None else ""
