@@ -93,9 +93,7 @@ class _LogPrinter:
     """Prints the journal entries ``feed`` is given; parity lines with the gate's verdict (``token``: the running
     invocation's, see ``use_token``)."""
 
-    def __init__(
-        self, h: HostConfig, as_json: bool, stream: bool, token: str | None = None, raw: bool = False
-    ) -> None:
+    def __init__(self, h: HostConfig, as_json: bool, stream: bool, token: str | None = None, raw: bool = False) -> None:
         self.h, self.as_json, self.stream, self.raw = h, as_json, stream, raw
         self.judge = LineJudge(h, token)
         self.read = 0  # journal entries read

@@ -52,9 +52,7 @@ def check_restart(h: HostConfig, snap: HostSnapshot) -> None:
         raise DeployFailed(f"{h.name}: no current release to restart")
 
 
-def check_rollback(
-    h: HostConfig, snap: HostSnapshot, history: list[HistoryRecord], to: str | None, force: bool
-) -> str:
+def check_rollback(h: HostConfig, snap: HostSnapshot, history: list[HistoryRecord], to: str | None, force: bool) -> str:
     """Where `rollback` would go on this host, or why it refuses, before it asks: the lock held, a host opsctl does
     not manage, no release to go back to (``--to`` not on the host, current, or marked bad). Pure."""
     from ..pipeline.rollback import rollback_target

@@ -203,9 +203,7 @@ def _print_comparison(running: ReleaseFigures | None) -> None:
     )
 
 
-def _print_state(
-    h: HostConfig, snap: HostSnapshot, told: Story, bad: tuple[list[str], int], lock: str | None
-) -> None:
+def _print_state(h: HostConfig, snap: HostSnapshot, told: Story, bad: tuple[list[str], int], lock: str | None) -> None:
     from ..pipeline.result import describe_restart_times
     from .parityview import verdict_style
 
@@ -228,7 +226,9 @@ def _print_state(
         console.print("[yellow]not managed by opsctl (adopt or deploy first)[/]")
     last = told.last
     if last is not None and last.verdict is not None:
-        head = f"last verdict: [{verdict_style(last.verdict)}]{last.verdict}[/] ({last.event} {last.release} at {last.at})"
+        head = (
+            f"last verdict: [{verdict_style(last.verdict)}]{last.verdict}[/] ({last.event} {last.release} at {last.at})"
+        )
         if told.times is not None:
             head += f"; {describe_restart_times(told.times, with_record=False)}"
         console.print(head, highlight=False, soft_wrap=True)

@@ -99,7 +99,12 @@ def test_host_and_group_names_complete_from_the_inventory(tmp_path: Path, monkey
     monkeypatch.setenv(ENV_VAR, str(path))
     ctx = typer.Context(typer.main.get_command(cli_main.app))
     assert complete_target(ctx, "gpu") == ["gpu-a", "gpu-b"]
-    assert complete_target(ctx, "") == ["edge", "gpu-a", "gpu-b", "fleet"]  # hosts (as the file lists them), then groups
+    assert complete_target(ctx, "") == [
+        "edge",
+        "gpu-a",
+        "gpu-b",
+        "fleet",
+    ]  # hosts (as the file lists them), then groups
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "missing.yaml"))
     assert complete_target(ctx, "") == []  # nothing to read: nothing completed, no error in the shell
 
