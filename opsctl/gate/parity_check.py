@@ -526,7 +526,8 @@ class _Checker:
             cur.last_line = number
 
     def _late(self, cur: Invocation, entry: Entry) -> bool:
-        """A well-formed parity line of the current invocation after its gate decided, that will not be listed:
+        """A well-formed parity line that changes nothing but the counts and will not be listed (one of the current
+        invocation after its gate decided, or one the gate ignores once the ignored lines listed are full):
         counted by its verdict alone (``GateState.well_formed_verdict``, what ``feed`` would say), without a
         ParityLine. Most lines of a long journal come here. False: the full path must take it."""
         message = entry.message
@@ -545,8 +546,8 @@ class _Checker:
                 return False  # listed: the full path gives its reason
             state.counts[LineVerdict.IGNORED] += 1
             cur.ignored += 1
-        elif verdict is LineVerdict.FAIL:
-            return False  # the first few are listed, with their reason
+        elif verdict is LineVerdict.FAIL or state.verdict is Verdict.PENDING:
+            return False  # a FAIL is listed, with its reason; before the decision a line counts
         else:
             cur.late[verdict] += 1
         cur.last_line = entry.number
@@ -573,8 +574,8 @@ def check_entries(
     feed, late = checker.feed, checker._late
     for entry in entries:
         cur = checker.current
-        # The lane of lines after the decision first (most lines of a long journal), then the full path.
-        if cur.state.verdict is Verdict.PENDING or entry.boundary or not late(cur, entry):
+        # The lane first (most lines of a long journal: after the decision, or ignored), then the full path.
+        if entry.boundary or not late(cur, entry):
             feed(entry)
     judged, invocations = checker.finish()
     return ParityCheck(judged=judged, invocations=invocations, token_given=token is not None)
