@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import DeployFailed
 from ..inventory import HostConfig, ProbeSettings
 from ..ssh.remote import CommandResultLike, Remote
+from .traffic_on_host import request_time_s
 
 LOOPBACK = "127.0.0.1"
 RID_PREFIX = "opsctl-probe"
@@ -99,12 +100,18 @@ class RequestOutcome:
 
     rid: str
     ok: bool
-    kind: str  # ok | http | timeout | connection | malformed | error
+    kind: str  # ok | http | timeout | connection | malformed | error | cut
     status: int | None = None
     error: str | None = None
     ttft_s: float | None = None
     latency_s: float | None = None
     tokens: int | None = None
+
+    @property
+    def cut(self) -> bool:
+        """Cut short by the gate's own deadline before ``timeout_s`` (traffic_on_host.cut_by_deadline): neither an
+        answer nor a failure; it says nothing about the release and is counted unsent."""
+        return self.kind == "cut"
 
     @property
     def refused(self) -> bool:
@@ -144,7 +151,17 @@ class Wave:
 
     @property
     def failed(self) -> tuple[RequestOutcome, ...]:
-        return tuple(r for r in self.requests if not r.ok)
+        """The requests the release failed: not answered, and not cut short by the gate's deadline."""
+        return tuple(r for r in self.requests if not r.ok and not r.cut)
+
+    @property
+    def cut(self) -> int:
+        return sum(1 for r in self.requests if r.cut)
+
+    @property
+    def not_asked(self) -> int:
+        """Requests that asked the release nothing: not sent (the budget was spent) or cut short by the deadline."""
+        return self.unsent + self.cut
 
 
 @dataclass(frozen=True)
@@ -228,12 +245,14 @@ def parse_wave(stdout: str) -> Wave:
 @dataclass
 class ProbeTally:
     """What the probe saw over a gate (or a health check): requests sent, answered, failed (with the first few
-    reasons), the times to first token, and when the server became ready."""
+    reasons), unsent (not started, or cut short, because the gate's deadline came: neither answered nor failed),
+    the times to first token, and when the server became ready."""
 
     sent: int = 0
     answered: int = 0
     failed: int = 0
     refused: int = 0
+    unsent: int = 0
     waves: int = 0
     failures: list[str] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list)
@@ -244,7 +263,10 @@ class ProbeTally:
     def add(self, wave: Wave) -> None:
         self.waves += 1
         self.auth = self.auth or wave.auth
+        self.unsent += wave.not_asked
         for r in wave.requests:
+            if r.cut:
+                continue
             self.sent += 1
             if r.ok:
                 self.answered += 1
@@ -269,6 +291,7 @@ class ProbeTally:
             "answered": self.answered,
             "failed": self.failed,
             "failures": list(self.failures),
+            "unsent": self.unsent,
             "waves": self.waves,
             "ttft_ms": self.ttft_ms(),
             "api_key": self.auth,
@@ -280,10 +303,18 @@ def describe_tally(doc: dict[str, Any]) -> str:
     text = f"{doc.get('sent', 0)} sent, {doc.get('answered', 0)} answered"
     if doc.get("failed"):
         text += f", {doc['failed']} failed ({'; '.join(doc.get('failures') or [])})"
+    if doc.get("unsent"):
+        text += f", {doc['unsent']} not sent or cut short (the gate's deadline)"
     ttft = doc.get("ttft_ms")
     if ttft:
         text += f", TTFT {ttft['min']:g}/{ttft['median']:g}/{ttft['max']:g} ms (min/median/max)"
     return text
+
+
+def worth_a_wave(host: HostConfig, left_s: float) -> bool:
+    """Whether a wave can start one request with ``left_s`` left to the gate's deadline (traffic_on_host.
+    request_time_s): with less, the gate does not ask the host at all. Pure."""
+    return request_time_s(host.gate.probe.timeout_s, left_s) is not None
 
 
 # ------------------------------------------------------------------------------------------------ commands

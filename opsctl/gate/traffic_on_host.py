@@ -16,14 +16,15 @@ Modes (``mode`` in the config):
   request id ``<rid_prefix>-<n>`` -> ``{"requests": [{"rid", "ok", "kind", "status", "error", "ttft_s",
   "latency_s", "tokens"}], "unsent", "auth", "auth_error", "elapsed_s"}``. ``kind``: ``ok``, ``http`` (a status
   other than 200), ``timeout``, ``connection`` (refused, reset), ``malformed`` (an answer not shaped like
-  SGLang's) or ``error`` (an error object inside the stream);
+  SGLang's), ``error`` (an error object inside the stream) or ``cut`` (cut short by the gate's deadline before
+  ``timeout_s``: not a failure);
 - ``compare``: the comparison workload: ``warmup`` requests (discarded), then one request per prompt ->
   ``{"sample": {"requests": [...], "load_source"}, "warmup": {"sent", "failed"}, "unsent", "auth", ...}``, each
   request in the form of opsctl/gate/sample.py.
 
 Budgets (``wave`` and ``compare``): no request starts after ``start_within_s`` (so the gate reads the journal
-between requests) and none runs past ``finish_within_s`` (the gate's deadline); the requests not sent are counted
-in ``unsent``.
+between requests) or with less than ``min(timeout_s, MIN_REQUEST_S)`` left, and none runs past
+``finish_within_s`` (the gate's deadline); the requests not sent are counted in ``unsent``.
 
 Kept to the standard library and to the Python of older hosts (3.10: the first whose socket timeouts are
 TimeoutError): no third-party import, no match statement.
@@ -344,11 +345,35 @@ def json_answer(endpoint: str, body: bytes) -> tuple[str, str | None, int | None
     return "ok", None, chunk_tokens(endpoint, doc) if isinstance(doc, dict) else None
 
 
+# The least time a request is started with (or ``timeout_s``, when that is shorter): one started closer to the gate's
+# deadline would be cut short by it, and an answer the gate did not wait for says nothing about the release.
+MIN_REQUEST_S = 1.0
+
+
+def request_time_s(timeout_s: float, left_s: float | None) -> float | None:
+    """How long a request started now may run: ``timeout_s``, or the time ``left_s`` to the gate's deadline when
+    that is shorter. None: do not start it (it is counted unsent), less than ``min(timeout_s, MIN_REQUEST_S)`` is
+    left. Pure."""
+    if left_s is None:
+        return timeout_s
+    if left_s < min(timeout_s, MIN_REQUEST_S):
+        return None
+    return min(timeout_s, left_s)
+
+
+def cut_by_deadline(kind: str, allowed_s: float, timeout_s: float) -> bool:
+    """Whether a request that ended as ``kind`` was cut short by the gate's own deadline rather than failed: it ran
+    out of time, and its limit ``allowed_s`` was the deadline's, shorter than ``timeout_s``. Such a request is not
+    a failure of the release (nor an answer): the gate counts it unsent. Pure."""
+    return kind == "timeout" and allowed_s < timeout_s
+
+
 def send_one(
     cfg: dict[str, Any], n: int, api_key: str | None, finish_by: float | None = None, index: int | None = None
 ) -> dict[str, Any]:
     """Request ``n``: POST, read the stream, time the first and the last token. Never raises. Gives up at
-    ``timeout_s`` or at ``finish_by`` (a ``time.monotonic()`` instant: the gate's deadline), whichever is first.
+    ``timeout_s`` or at ``finish_by`` (a ``time.monotonic()`` instant: the gate's deadline), whichever is first;
+    one given up at ``finish_by`` before ``timeout_s`` is of kind ``cut`` (``cut_by_deadline``), not a timeout.
 
     Beyond the probe's fields the record keeps, for the comparison: the output ids and the last ``meta_info``
     (``/generate``), and when the first and the last token-carrying chunk came with how many tokens so far."""
@@ -369,9 +394,9 @@ def send_one(
         "last_s": None,  # when the last chunk carrying new tokens came
     }
     t0 = time.monotonic()
-    timeout = float(cfg["timeout_s"])
-    if finish_by is not None:
-        timeout = max(0.001, min(timeout, finish_by - t0))
+    timeout_s = float(cfg["timeout_s"])
+    # in_budget starts a request only with request_time_s's minimum left; 1 ms keeps the socket's timeout positive.
+    timeout = timeout_s if finish_by is None else max(0.001, min(timeout_s, finish_by - t0))
     conn = http.client.HTTPConnection(cfg["host"], int(cfg["port"]), timeout=timeout)
     try:
         conn.request("POST", cfg["endpoint"], json.dumps(body).encode(), headers(api_key))
@@ -409,7 +434,11 @@ def send_one(
             out["tokens"] = reader.tokens
             out["output_ids"], out["meta"] = reader.output_ids, reader.meta
     except TimeoutError:
-        out["kind"], out["error"] = "timeout", f"no complete answer within {round(timeout, 1):g}s"
+        if cut_by_deadline("timeout", timeout, timeout_s):
+            out["kind"] = "cut"
+            out["error"] = f"cut short by the gate's deadline after {round(timeout, 1):g}s (timeout_s {timeout_s:g})"
+        else:
+            out["kind"], out["error"] = "timeout", f"no complete answer within {round(timeout, 1):g}s"
     except (ConnectionError, http.client.HTTPException, OSError) as e:
         out["kind"], out["error"] = "connection", f"{type(e).__name__}: {_short(str(e))}"
     finally:
@@ -424,15 +453,14 @@ PROBE_KEYS = ("rid", "ok", "kind", "status", "error", "ttft_s", "latency_s", "to
 
 def in_budget(cfg: dict[str, Any], jobs: list[Any], send: Any, t0: float) -> tuple[list[dict[str, Any]], int]:
     """``send(job, finish_by)`` for each job, ``concurrency`` at a time, in job order. No job starts after
-    ``start_within_s`` (the gate regains control and reads the journal between requests) or once
-    ``finish_within_s`` (the gate's deadline) has passed; a started one gives up at that deadline. -> (the records
-    of the jobs sent, how many were not sent)."""
+    ``start_within_s`` (the gate regains control and reads the journal between requests) or with less than
+    ``request_time_s``'s minimum left before ``finish_within_s`` (the gate's deadline); a started one gives up at
+    that deadline. -> (the records of the jobs sent, how many were not sent)."""
     start_within = cfg.get("start_within_s")
     finish_within = cfg.get("finish_within_s")
     finish_by = None if finish_within is None else t0 + float(finish_within)
     start_by = None if start_within is None else t0 + float(start_within)
-    if finish_by is not None:
-        start_by = finish_by if start_by is None else min(start_by, finish_by)
+    timeout_s = float(cfg["timeout_s"])
     workers = max(1, min(int(cfg.get("concurrency") or 1), len(jobs) or 1))
     lock = threading.Lock()
     queue = list(enumerate(jobs))
@@ -441,7 +469,10 @@ def in_budget(cfg: dict[str, Any], jobs: list[Any], send: Any, t0: float) -> tup
     def worker() -> None:
         while True:
             with lock:
-                if not queue or (start_by is not None and time.monotonic() >= start_by):
+                now = time.monotonic()
+                if not queue or (start_by is not None and now >= start_by):
+                    return
+                if finish_by is not None and request_time_s(timeout_s, finish_by - now) is None:
                     return
                 i, job = queue.pop(0)
             records[i] = send(job, finish_by)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from ..errors import DeployFailed, SshError
 from ..gate.decision import GateState, LineVerdict, Traffic, judge
-from ..gate.traffic import ProbeClient, Wave, describe_tally, probing, serves_http
+from ..gate.traffic import ProbeClient, Wave, describe_tally, probing, serves_http, worth_a_wave
 from ..host import releaseroot
 from ..host.releaseroot import Layout
 from ..inventory import HostConfig
@@ -116,7 +116,8 @@ class ProbeDriver:
         """One readiness wait or one wave; the wave is returned for the loop to feed after the unit's state."""
         state, probe = self.state, self.host.gate.probe
         # Never past the gate's deadline, and back to the loop (a journal poll) within a poll interval: no request
-        # of a wave starts later, and none runs past the deadline (issue 36, item 8).
+        # of a wave starts later, and none runs past the deadline (issue 36, item 8). A request with too little time
+        # left is not started (cut short by the deadline it would say nothing about the release).
         left = state.deadline_s - (clock() - state.started_at)
         if left <= 0:
             return None
@@ -132,7 +133,7 @@ class ProbeDriver:
                 state.server_not_ready(readiness.describe(probe.ready_path))
                 return None
         left = state.deadline_s - (clock() - state.started_at)
-        if left <= 0:
+        if not worth_a_wave(self.host, left):
             return None
         wave = self.client.wave(start_within_s=self.host.gate.poll_interval_s, finish_within_s=left)
         if state.probe.waves == 0 and wave.auth_error:
@@ -141,10 +142,12 @@ class ProbeDriver:
 
     def report(self, wave: Wave) -> None:
         """One progress line per wave: sent, answered, failed (first reasons), the wave's TTFT range."""
-        text = f"{len(wave.requests)} sent, {wave.answered} answered"
+        text = f"{len(wave.requests) - wave.cut} sent, {wave.answered} answered"
         if wave.failed:
             reasons = list(dict.fromkeys(r.error or r.kind for r in wave.failed))[:3]
             text += f", {len(wave.failed)} failed ({'; '.join(reasons)})"
+        if wave.cut:
+            text += f", {wave.cut} cut short by the gate's deadline (not counted)"
         ttft = [r.ttft_s * 1000 for r in wave.requests if r.ok and r.ttft_s is not None]
         if ttft:
             text += f", TTFT {min(ttft):.0f}-{max(ttft):.0f} ms"

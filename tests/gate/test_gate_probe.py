@@ -65,6 +65,7 @@ def test_answered_waves_and_passing_lines_on_every_rank_pass_with_the_probe_figu
         "answered": 4,
         "failed": 0,
         "failures": [],
+        "unsent": 0,
         "waves": 1,
         "ttft_ms": {"min": 20.0, "median": 21.5, "max": 23.0},
         "api_key": False,
