@@ -27,7 +27,8 @@ from kdtree_backend.wire import MARKER
 
 from ..errors import DeployFailed, OpsError
 from ..gate.compare import compare
-from ..gate.lines import ParityLine, parse_line
+from ..gate.decision import GateState, judge
+from ..gate.lines import ParityLine
 from ..gate.sample import ComparisonSample
 from ..gate.traffic import ProbeClient, serves_http
 from ..gate.workload import run_compare_workload
@@ -36,7 +37,7 @@ from ..host.comparisons import deploy_sample, mean_accept_length, median_ms_per_
 from ..host.releaseroot import parse_parity_env
 from ..hostdata.facts import SystemFacts, facts_command, parse_facts
 from ..hostdata.layout import Layout
-from ..inventory import CompareSettings, HostConfig
+from ..inventory import CompareSettings, GateSettings, HostConfig
 from ..journal.query import mark_command, parse_mark, parse_poll, poll_command
 from ..release import Manifest
 from ..ssh.remote import Remote
@@ -154,7 +155,7 @@ def facts_from_probe(
         http=http_from_probe(raw),
         gpu=gpu_from_probe(host, system),
         drift=drift_from_probe(host, raw),
-        parity=parity_from_probe(raw),
+        parity=parity_from_probe(raw, host.gate, parse_parity_env(raw.get("parity_env") or "")),
         parity_error=raw.get("journal_error"),
         parity_token=parse_parity_env(raw.get("parity_env") or ""),
         disk_free_mb=None if system.disk_avail_kb is None else system.disk_avail_kb / 1024,
@@ -208,13 +209,23 @@ def drift_from_probe(host: HostConfig, raw: Mapping[str, Any]) -> DriftFacts:
     return DriftFacts(release=raw.get("release"), manifest=manifest, actual=raw.get("hashes") or {})
 
 
-def parity_from_probe(raw: Mapping[str, Any]) -> tuple[ParitySample, ...]:
-    """The invocation's marked journal lines that parse as parity lines, with their journal time."""
+def judged_line(message: str, settings: GateSettings, token: str | None) -> ParityLine | None:
+    """One journal message read as the gate reads it (``gate.decision.judge``): its parity line; a message holding
+    the invocation's ``token`` anywhere that is not a well-formed line (a parity line glued to another message, a
+    marked line over the limit, a message journalctl left out) as a malformed line, which the checks fail; None
+    for what the gate does not count (no parity at all, a shapes or fallback line, the marker inside another
+    message without the token). Pure: the gate judging it is a throwaway one."""
+    j = judge(GateState.every_line(settings, expected_ranks=None, token=token), message, 0.0)
+    return None if j is None else j.line
+
+
+def parity_from_probe(raw: Mapping[str, Any], settings: GateSettings, token: str | None) -> tuple[ParitySample, ...]:
+    """The invocation's marked journal messages that the gate counts (``judged_line``), with their journal time."""
     samples = []
     for at, message in raw.get("parity_lines") or ():
-        parsed = parse_line(message)
-        if isinstance(parsed, ParityLine):
-            samples.append(ParitySample(at=float(at), line=parsed))
+        line = judged_line(message, settings, token)
+        if line is not None:
+            samples.append(ParitySample(at=float(at), line=line))
     return tuple(samples)
 
 
@@ -273,11 +284,11 @@ def lock_owner(text: str) -> tuple[str | None, int | None]:
     return (client if isinstance(client, str) else None), (pid if isinstance(pid, int) else None)
 
 
-def verify_probe(r: Remote, host: HostConfig) -> ProbeFacts:
+def verify_probe(r: Remote, host: HostConfig, token: str | None) -> ProbeFacts:
     """``--probe``'s I/O: mark the journal, send one probe request from the host (``health.probe_max_new_tokens``
     new tokens: enough verify steps for one sampled parity step after the start's burst), then read the running
     invocation's entries after the mark until every TP rank has printed a parity line or ``health.probe_wait_s``
-    has passed."""
+    has passed. Each entry is read as the gate reads it (``judged_line``, with the invocation's ``token``)."""
     mark = parse_mark(r.run(mark_command(host.unit), timeout=60).stdout)
     client = ProbeClient(host, lambda: r)
     try:
@@ -294,9 +305,9 @@ def verify_probe(r: Remote, host: HostConfig) -> ProbeFacts:
         res = r.run(poll_command(host.unit, cursor), timeout=60, check=False)
         for entry in parse_poll(res.stdout)[1]:
             cursor = entry.cursor
-            parsed = parse_line(entry.message)
-            if entry.invocation == mark.old_invocation and isinstance(parsed, ParityLine):
-                lines.append(parsed)
+            line = judged_line(entry.message, host.gate, token) if entry.invocation == mark.old_invocation else None
+            if line is not None:
+                lines.append(line)
         ranks = {line.rank for line in lines}
         waited = time.monotonic() - t0
         if all(rank in ranks for rank in range(host.service.tp)) or waited >= host.health.probe_wait_s:
@@ -348,6 +359,14 @@ def speed_probe(r: Remote, host: HostConfig, release: str | None) -> SpeedFacts:
     )
 
 
+def _probed_token(stdout: str) -> str | None:
+    """The running invocation's parity token from the probe's output (None: none handed out, or unreadable)."""
+    try:
+        return parse_parity_env(split_probe_output(stdout)[1].get("parity_env") or "")
+    except ValueError:
+        return None
+
+
 def _probed_release(stdout: str) -> str | None:
     """The current release the probe's program found (None when its output is not readable: reported later)."""
     try:
@@ -373,7 +392,7 @@ def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False, probe: boo
                 check=True,
             )
             if probe and serves_http(host):
-                verify = verify_probe(r, host)
+                verify = verify_probe(r, host, _probed_token(res.stdout))
                 speed = speed_probe(r, host, _probed_release(res.stdout))
         system, raw = read_probe(res.stdout)
     except OpsError as e:
