@@ -285,10 +285,12 @@ def lock_owner(text: str) -> tuple[str | None, int | None]:
 
 
 def verify_probe(r: Remote, host: HostConfig, token: str | None) -> ProbeFacts:
-    """``--probe``'s I/O: mark the journal, send one probe request from the host (``health.probe_max_new_tokens``
-    new tokens: enough verify steps for one sampled parity step after the start's burst), then read the running
-    invocation's entries after the mark until every TP rank has printed a parity line or ``health.probe_wait_s``
-    has passed. Each entry is read as the gate reads it (``judged_line``, with the invocation's ``token``)."""
+    """``--probe``'s I/O: mark the journal, send a probe request from the host (``health.probe_max_new_tokens`` new
+    tokens), then read the running invocation's entries after the mark until every TP rank has printed a parity line
+    or ``health.probe_wait_s`` has passed, sending one more request after each poll that still misses a rank.
+    Why more than one: under speculative decoding a request's tokens take fewer verify steps than tokens (each step
+    accepts several drafts), so one request can end before the next sampled step (``parity.every_n_steps``) comes.
+    Each entry is read as the gate reads it (``judged_line``, with the invocation's ``token``)."""
     mark = parse_mark(r.run(mark_command(host.unit), timeout=60).stdout)
     client = ProbeClient(host, lambda: r)
     try:
@@ -299,6 +301,7 @@ def verify_probe(r: Remote, host: HostConfig, token: str | None) -> ProbeFacts:
         first = wave.failed[0]
         return ProbeFacts(sent=1, error=first.error or first.kind, refused=first.refused)
     ttft = wave.requests[0].ttft_s if wave.requests else None
+    sent = answered = 1
     lines: list[ParityLine] = []
     cursor, t0 = mark.cursor, time.monotonic()
     while True:
@@ -311,8 +314,17 @@ def verify_probe(r: Remote, host: HostConfig, token: str | None) -> ProbeFacts:
         ranks = {line.rank for line in lines}
         waited = time.monotonic() - t0
         if all(rank in ranks for rank in range(host.service.tp)) or waited >= host.health.probe_wait_s:
-            return ProbeFacts(sent=1, answered=1, ttft_s=ttft, lines=tuple(lines), waited_s=waited)
-        time.sleep(0.5)
+            return ProbeFacts(sent=sent, answered=answered, ttft_s=ttft, lines=tuple(lines), waited_s=waited)
+        try:
+            more = client.wave(requests=1, max_new_tokens=host.health.probe_max_new_tokens)
+        except OpsError as e:
+            return ProbeFacts(sent=sent, answered=answered, error=e.message, ttft_s=ttft, lines=tuple(lines))
+        sent += 1
+        if more.failed:
+            first = more.failed[0]
+            return ProbeFacts(sent=sent, answered=answered, error=first.error or first.kind, refused=first.refused)
+        answered += 1
+        time.sleep(0.2)
 
 
 def speed_settings(settings: CompareSettings) -> CompareSettings:

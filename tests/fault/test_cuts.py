@@ -339,8 +339,9 @@ def test_health_never_rolls_back_a_stopped_unit_or_an_old_nan(hosts: list[HostCo
     assert staged.verdict == "STAGED", staged.line()
     with connect(h) as r:
         r.run(f"systemctl restart {h.unit}.service", timeout=120)
-    # Traffic: the burst samples every step, so 4 steps give each rank 12 lines, the NaN first, then passes.
-    drive_traffic(h, requests=1, max_new_tokens=4)
+    # Traffic: the burst samples every one of its first 8 verify steps (3 layers: 24 lines a rank, the NaN first,
+    # then passes); speculative decoding accepts several tokens a step, so 32 tokens are about 10 steps.
+    drive_traffic(h, requests=1, max_new_tokens=32)
     time.sleep(0.5)  # journald has the lines
     old_nan = _health(h)
     LEDGER.fault("tb2's running invocation printed a NaN line, then passing lines")

@@ -1,6 +1,6 @@
 """`opsctl parity check` on a real journal (testbed host tb1, systemd + journald): a good release, a bad one (the
 classic bug, FAIL, rolled back) and the rollback. The offline check finds the invocations and judges the last,
-reads journalctl's text and JSON and `opsctl logs --grep parity [--json]` piped, and the shapes line of the bad
+reads journalctl's text and JSON and `opsctl logs --grep parity --raw|--json` piped, and the shapes line of the bad
 release (bs 2) carries the classic-bug warning."""
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def test_offline_check_on_a_real_journal(tb1: HostConfig, good_tree: Path, good_
     assert res_cut.returncode == 31 and "gate: FAIL" in res_cut.stdout, res_cut.stdout
     assert f"invocation {failed['index']} of {failed['index']}" in res_cut.stdout
 
-    # opsctl logs --grep parity, text (piped) and --json, into the check: the journal's own verdict.
-    for extra in ([], ["--json"]):
+    # opsctl logs --grep parity --raw (the journal's text, what `parity check -` reads; piped without --raw, logs
+    # decodes its lines for people and log collectors) and --json, into the check: the journal's own verdict.
+    for extra in (["--raw"], ["--json"]):
         logs = opsctl("logs", "tb1", "--grep", "parity", "--lines", "20000", *extra)
         assert logs.returncode == 0, logs.stderr
         piped = json.loads(check(logs.stdout, "--tp", tp, "--json", "--all").stdout)
