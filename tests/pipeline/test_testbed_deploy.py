@@ -85,8 +85,13 @@ def fast(host: HostConfig) -> HostConfig:
 
 
 def state(host: HostConfig) -> tuple[releaseroot.HostSnapshot, list[dict[str, Any]]]:
+    """The host's snapshot and its history of deploys, restarts and rollbacks: cleanup records (written after a
+    deploy, failed ones too, only when it removed releases, so their presence depends on what earlier tests left)
+    are left out; tests/pipeline/test_cleanup_after_failure.py reads those."""
     with connect(host) as r:
-        return releaseroot.read_snapshot(r, host.root, host.unit), host_history.read_history(r, releaseroot.Layout(host.root))
+        history = host_history.read_history(r, releaseroot.Layout(host.root))
+        snap = releaseroot.read_snapshot(r, host.root, host.unit)
+    return snap, [rec for rec in history if rec.event is not host_history.HistoryEvent.CLEANUP]
 
 
 def assert_healthy(host: HostConfig, release: str) -> releaseroot.HostSnapshot:
