@@ -5,9 +5,18 @@ rules."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from ..errors import UsageError
 from .fields import (
@@ -77,6 +86,11 @@ def _check_input_ids(value: list[list[int]] | None) -> list[list[int]] | None:
     return value
 
 
+# A workload's prompts and token-id lists (gate.probe, gate.compare), checked against the limits above.
+Prompts = Annotated[list[str], AfterValidator(_check_prompts)]
+TokenIdLists = Annotated[list[list[int]], AfterValidator(_check_input_ids)]
+
+
 class StrictTypes(Strict):
     """A section whose values go to the host program: no coercion (``requests: "4"``, ``4.0`` or ``true`` is not
     the integer 4; ``input_ids: [["1"]]`` or ``[[true]]`` is not a token id)."""
@@ -93,12 +107,12 @@ class ProbeSettings(StrictTypes):
     enabled: bool = True
     endpoint: Literal["/generate", "/v1/completions"] = "/generate"
     ready_path: HttpPath = "/health"
-    prompts: list[str] = Field(
+    prompts: Prompts = Field(
         default_factory=lambda: ["The capital of France is", "def fibonacci(n):", "Once upon a time"],
         min_length=1,
         max_length=MAX_PROMPTS,
     )
-    input_ids: list[list[int]] | None = Field(None, min_length=1, max_length=MAX_PROMPTS)
+    input_ids: TokenIdLists | None = Field(None, min_length=1, max_length=MAX_PROMPTS)
     requests: int = Field(4, ge=1, le=256)
     concurrency: int = Field(4, ge=1, le=64)
     max_new_tokens: int = Field(8, ge=1, le=4096)
@@ -106,16 +120,6 @@ class ProbeSettings(StrictTypes):
     parity_grace_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)
     api_key_env: EnvName = "SGLANG_API_KEY"
     model: SafeName = "default"
-
-    @field_validator("input_ids")
-    @classmethod
-    def _token_ids(cls, value: list[list[int]] | None) -> list[list[int]] | None:
-        return _check_input_ids(value)
-
-    @field_validator("prompts")
-    @classmethod
-    def _prompts(cls, value: list[str]) -> list[str]:
-        return _check_prompts(value)
 
 
 # The comparison workload's default prompts: 16 of varied length (a few words to a paragraph), code and prose, so
@@ -150,10 +154,10 @@ class CompareSettings(StrictTypes):
     ``/generate`` (the native API: it returns token ids), with the API key of ``gate.probe.api_key_env``."""
 
     enabled: bool = True
-    prompts: list[str] = Field(
+    prompts: Prompts = Field(
         default_factory=lambda: list(DEFAULT_COMPARE_PROMPTS), min_length=1, max_length=MAX_PROMPTS
     )
-    input_ids: list[list[int]] | None = Field(None, min_length=1, max_length=MAX_PROMPTS)
+    input_ids: TokenIdLists | None = Field(None, min_length=1, max_length=MAX_PROMPTS)
     max_new_tokens: int = Field(32, ge=2, le=4096)  # two at least: decode speed is timed after the first token
     concurrency: int = Field(1, ge=1, le=64)  # 1: decode speed is per-request latency
     warmup: int = Field(2, ge=0, le=64)  # requests sent first and discarded
@@ -168,16 +172,6 @@ class CompareSettings(StrictTypes):
     max_load_diff: float = Field(1.0, ge=0, le=1000)
     enforce: bool = True  # false: the comparison only reports, never fails the deploy
     timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)  # per request
-
-    @field_validator("input_ids")
-    @classmethod
-    def _token_ids(cls, value: list[list[int]] | None) -> list[list[int]] | None:
-        return _check_input_ids(value)
-
-    @field_validator("prompts")
-    @classmethod
-    def _prompts(cls, value: list[str]) -> list[str]:
-        return _check_prompts(value)
 
     @model_validator(mode="before")
     @classmethod
