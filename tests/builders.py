@@ -33,3 +33,11 @@ def inventory(hosts: dict[str, dict[str, Any]] | list[str], defaults: dict[str, 
         "groups": {"fleet": list(hosts)},
     }
     return parse(yaml.safe_dump(doc), "test-inventory.yaml")
+
+
+def without_comparison(h: HostConfig) -> HostConfig:
+    """``h`` with ``gate.compare.enabled: false``: for testbed tests that are not about the comparison with the
+    release replaced (tests/pipeline/test_testbed_comparison.py is). On the 2-core machine, with other hosts
+    restarting beside it, an A/A comparison only adds seconds, and a busy moment can turn its speed figure."""
+    compare = h.gate.compare.model_copy(update={"enabled": False})
+    return h.model_copy(update={"gate": h.gate.model_copy(update={"compare": compare})})

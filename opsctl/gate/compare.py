@@ -40,9 +40,9 @@ from .sample import CompareRequest, ComparisonSample
 
 MIN_PAIRS = 5  # the fewest requests answered on both sides that can decide: at 5 vs 5 the exact test reaches 1/252
 MIN_SECONDS = 1e-9  # a time below a nanosecond per token is not a measurement (and would make ratios infinite)
-# The host's own figure: when the median time of the calibration work (host_s) differs between the sides by more
+# The host's own figure: when the mean time of the calibration work (host_s) differs between the sides by more
 # than this fraction, other work on the host took the CPU on one side and the speed cannot be decided. Without
-# contention the two medians agree within a few percent; a host busy enough to slow the calibration by 15% slows
+# contention the two means agree within a few percent; a host busy enough to slow the calibration by 15% slows
 # a CPU-bound server about as much.
 MAX_HOST_DIFF = 0.15
 
@@ -214,7 +214,7 @@ class Load:
     old: float | None
     new: float | None
     bound: float
-    host_old: float | None = None  # median seconds of the host's calibration work (host_s), each side
+    host_old: float | None = None  # mean seconds of the host's calibration work (host_s), each side
     host_new: float | None = None
 
     @property
@@ -357,9 +357,11 @@ def _mean_load(requests: Sequence[CompareRequest]) -> float | None:
     return statistics.fmean(loads) if loads else None
 
 
-def _host_median(requests: Sequence[CompareRequest]) -> float | None:
+def _host_mean(requests: Sequence[CompareRequest]) -> float | None:
+    # The mean, not the median: on a shared host the calibration is bimodal (the CPU free, or taken), and the
+    # mean follows the share of requests that ran while it was taken, where the median jumps between the modes.
     times = [r.host_s for r in requests if r.host_s is not None]
-    return statistics.median(times) if times else None
+    return statistics.fmean(times) if times else None
 
 
 def judge_speed(old: Sequence[float], new: Sequence[float], settings: Thresholds, load: Load | None = None) -> Speed:
@@ -440,8 +442,8 @@ def compare(
         _mean_load(old.requests),
         _mean_load(new.requests),
         settings.max_load_diff,
-        _host_median(old.requests),
-        _host_median(new.requests),
+        _host_mean(old.requests),
+        _host_mean(new.requests),
     )
     n = max(len(old.requests), len(new.requests))
     doc = _settings_doc(settings)

@@ -104,7 +104,7 @@ class CompareRequest:
     spec_verify_ct: int | None = None
     completion_tokens: int = 0
     load: float | None = None
-    host_s: float | None = None  # seconds a fixed CPU loop took on the host just before it (host contention)
+    host_s: float | None = None  # seconds a fixed CPU loop took on the host around it (host contention)
     status: int | None = None
     error: str | None = None
 

@@ -601,9 +601,10 @@ def compare(cfg: dict[str, Any], api_key: str | None, t0: float) -> dict[str, An
     def send(job: tuple[int, int, bool], finish_by: float | None) -> dict[str, Any]:
         n, index, measured = job
         before = get_load(cfg, api_key) if with_load and measured else None
-        host_s = calibrate() if measured else None
+        host_before = calibrate() if measured else None
         rec = send_one(cfg, n, api_key, finish_by, index)
-        rec["host_s"] = host_s
+        # Timed on both sides of the request: contention that comes and goes within a request is seen twice as often.
+        rec["host_s"] = (host_before + calibrate()) / 2 if host_before is not None else None
         after = get_load(cfg, api_key) if with_load and measured else None
         loads = [v for v in (before, after) if v is not None]
         rec["measured"], rec["load"] = measured, (sum(loads) / len(loads) if loads else None)

@@ -20,6 +20,7 @@ from opsctl.inventory import HostConfig, Inventory
 from opsctl.lock import hostlock
 from opsctl.ssh import connect
 from opsctl.testbed import Testbed, reset_host
+from tests.builders import without_comparison
 from tests.fault.harness import FAKE_NVIDIA_SMI, LEDGER, deploy_action, remove_fake_gpu, source_root, variant
 
 FLEET = ("tb1", "tb2", "tb3")
@@ -49,7 +50,7 @@ def fleet(fleet_inventory: Inventory, tmp_path_factory: pytest.TempPathFactory) 
     redeploy one host after another (measured; test_parallel_batch_really_overlaps measures the same redeploy in
     parallel). Once per session: every scenario starts from whatever the previous one left, repaired by
     ``hosts``. Reset again at the end, so the tests that follow find the hosts as a reset leaves them."""
-    hosts = [fleet_inventory.host(n) for n in FLEET]
+    hosts = [without_comparison(fleet_inventory.host(n)) for n in FLEET]
     with ThreadPoolExecutor(len(hosts)) as pool:
         list(pool.map(reset_host, hosts))
     tmp = tmp_path_factory.mktemp("fleet")

@@ -247,3 +247,28 @@ def test_a_busier_host_on_one_side_makes_speed_undecided() -> None:
     unknown = compare(side(), with_host_s(side(scale=1.5), 0.006), DEFAULTS)  # one side without the figure
     assert unknown.load.host_ratio is None and unknown.outcome is Outcome.FAIL
     assert busy.to_json()["load"]["host_differs"] is True
+
+
+def with_host_times(sample: ComparisonSample, seconds: list[float]) -> ComparisonSample:
+    return ComparisonSample(
+        tuple(replace(r, host_s=s) for r, s in zip(sample.requests, seconds, strict=True)), sample.load_source
+    )
+
+
+def test_the_host_figure_is_the_mean_of_a_bimodal_calibration() -> None:
+    # A shared host's calibration is ~2 ms (CPU free) or ~3.5 ms (CPU taken). Seven and nine requests of 16 in
+    # the slow mode put the medians in different modes (1.75x apart) though the host was as busy on both sides
+    # (means 1.10x apart): no guard. Three and thirteen: the new side really was busier, and the means say so.
+    old = side()
+    n = len(old.requests)
+    assert n == 16
+    slow_7, slow_9 = [0.0035] * 7 + [0.002] * 9, [0.0035] * 9 + [0.002] * 7
+    alike = compare(with_host_times(old, slow_7), with_host_times(side(scale=1.5), slow_9), DEFAULTS)
+    assert alike.load.host_ratio is not None and 1.05 < alike.load.host_ratio < 1.15
+    assert not alike.load.host_differs and alike.speed.outcome is Outcome.FAIL
+    busier = compare(
+        with_host_times(old, [0.0035] * 3 + [0.002] * 13),
+        with_host_times(side(scale=1.5), [0.0035] * 13 + [0.002] * 3),
+        DEFAULTS,
+    )
+    assert busier.load.host_differs and busier.speed.outcome is Outcome.UNDECIDED

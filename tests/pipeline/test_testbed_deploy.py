@@ -27,6 +27,7 @@ from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
 from opsctl.testbed import Testbed, reset_host
+from tests.builders import without_comparison
 from tests.pipeline import trees
 
 # Generous: the gate ends as soon as K passes arrive; only a silent service waits this long (its test sets its own).
@@ -77,10 +78,8 @@ def fast(host: HostConfig) -> HostConfig:
     """The testbed host (its stand-in server for SGLang, driven by the gate's probe) with a short gate, and without
     the comparison with the release replaced: the tests that use it are not about it (it has its own,
     tests/pipeline/test_testbed_comparison.py), and on a machine loaded by other work it only adds time."""
-    compare = host.gate.compare.model_copy(update={"enabled": False})
-    gate = host.gate.model_copy(
-        update={"deadline_s": GATE_S, "poll_interval_s": 0.5, "max_restarts": 2, "compare": compare}
-    )
+    host = without_comparison(host)
+    gate = host.gate.model_copy(update={"deadline_s": GATE_S, "poll_interval_s": 0.5, "max_restarts": 2})
     return host.model_copy(update={"gate": gate})
 
 
