@@ -22,7 +22,7 @@ import typer
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape as escape_markup
 from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TaskID, TextColumn
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from ..gate.decision import LineVerdict, Verdict
@@ -140,8 +140,9 @@ class RichReporter:
         self.label = f"{release} ({'new' if action == 'deploy' else action})" if release else ""
         self.progress = _Display(
             SpinnerColumn(finished_text=" "),
-            TextColumn("{task.description}"),
-            _Seconds(),
+            # The description gives way (ellipsis) so that the seconds stay whole on a narrow terminal.
+            TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
+            _Seconds(table_column=Column(no_wrap=True, min_width=7, justify="right")),
             console=out,
             transient=False,
             refresh_per_second=4,
