@@ -130,6 +130,22 @@ def testbed(testbed_handle: Testbed) -> Inventory:
     return testbed_handle.inventory()
 
 
+@pytest.fixture(scope="session")
+def good_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of this checkout's tree, a good release: one for the session, so that a host a test left running it
+    is reused by the next test's ``ensure_good`` (tests/pipeline/test_testbed_deploy.py) instead of redeployed."""
+    from tests.pipeline import trees
+
+    return trees.copy_tree(tmp_path_factory.mktemp("good"))
+
+
+@pytest.fixture(scope="session")
+def good_id(good_tree: Path) -> str:
+    from opsctl.release import make_manifest
+
+    return make_manifest(good_tree).id
+
+
 # Property tests (hypothesis): a bounded run by default (CI); a longer one with KDTREE_HYPOTHESIS_EXAMPLES=20000
 # (docs/gate.md "The grammar").
 try:

@@ -16,9 +16,7 @@ from opsctl import pipeline as d
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.ssh import connect
 from tests.pipeline import trees
-from tests.pipeline.test_testbed_deploy import ensure_good, fast, good_id, good_tree, opsctl
-
-__all__ = ["good_id", "good_tree"]  # module fixtures reused from the deploy tests
+from tests.pipeline.test_testbed_deploy import ensure_good, fast, opsctl
 
 
 def check(text: str, *args: str) -> subprocess.CompletedProcess[str]:

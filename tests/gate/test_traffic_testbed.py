@@ -15,9 +15,7 @@ from opsctl.gate.traffic import ProbeClient
 from opsctl.gate.workload import run_workload
 from opsctl.inventory import CompareSettings, HostConfig, Inventory
 from opsctl.ssh import connect
-from tests.pipeline.test_testbed_deploy import ensure_good, fast, good_id, good_tree
-
-__all__ = ["good_id", "good_tree"]  # module fixtures reused from the deploy tests
+from tests.pipeline.test_testbed_deploy import ensure_good, fast
 
 # Lines systemd must read as the program does: a NEL, a line separator, a form feed inside a value (not line ends),
 # a carriage return (a line end to both), quotes and their escapes, a continuation, comments, spaces, repeats.

@@ -26,16 +26,6 @@ def tb2(testbed: Inventory) -> HostConfig:
     return fast(host).model_copy(update={"gate": fast(host).gate.model_copy(update={"compare": host.gate.compare})})
 
 
-@pytest.fixture(scope="module")
-def good_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return trees.copy_tree(tmp_path_factory.mktemp("good"))
-
-
-@pytest.fixture(scope="module")
-def good_id(good_tree: Path) -> str:
-    return make_manifest(good_tree).id
-
-
 def test_the_same_release_again_compares_equal_and_is_recorded(tb2: HostConfig, good_tree: Path, good_id: str) -> None:
     ensure_good(tb2, good_tree, good_id)
     res = d.deploy(tb2, good_tree, d.DeployOptions(force=True))

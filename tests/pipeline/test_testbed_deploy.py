@@ -101,16 +101,6 @@ def assert_healthy(host: HostConfig, release: str) -> releaseroot.HostSnapshot:
     return snap
 
 
-@pytest.fixture(scope="module")
-def good_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return trees.copy_tree(tmp_path_factory.mktemp("good"))
-
-
-@pytest.fixture(scope="module")
-def good_id(good_tree: Path) -> str:
-    return make_manifest(good_tree).id
-
-
 def ensure_good(host: HostConfig, tree: Path, rid: str) -> None:
     """Host runs the good release, gated PASS: reuse it when already so, else reset and deploy."""
     snap, _ = state(host)

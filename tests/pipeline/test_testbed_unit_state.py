@@ -12,23 +12,12 @@ import pytest
 
 from opsctl import pipeline as d
 from opsctl.inventory import HostConfig, Inventory
-from opsctl.release import make_manifest
 from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 from tests.pipeline import trees
 from tests.pipeline.test_testbed_deploy import ensure_good, fast, state
 
 ENV_FILE = "/etc/kdtree-engine-issue36.env"
-
-
-@pytest.fixture(scope="module")
-def good_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return trees.copy_tree(tmp_path_factory.mktemp("good"))
-
-
-@pytest.fixture(scope="module")
-def good_id(good_tree: Path) -> str:
-    return make_manifest(good_tree).id
 
 
 @pytest.fixture
