@@ -14,6 +14,7 @@ runs the reference path; 4 the compile failed (see the log); 5 the compile timed
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -57,8 +58,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def torch_without_cuda_libraries() -> str | None:
+    """A CPU-only torch seen from its files, without importing it (2 s of a CPU host's deploy): the reason, or
+    None when torch is absent or ships CUDA libraries (then the full check below decides)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    torch_lib = Path(spec.origin).resolve().parent / "lib"
+    if torch_lib.is_dir() and not any(torch_lib.glob("libc10_cuda.*")):
+        return f"torch ships no CUDA libraries (no libc10_cuda in {torch_lib})"
+    return None
+
+
 def cuda_toolchain_problem() -> str | None:
     """Why this host cannot build the extension, or None if it can (torch with CUDA plus an nvcc)."""
+    quick = torch_without_cuda_libraries()
+    if quick is not None:
+        return quick
     try:
         import torch
         from torch.utils import cpp_extension

@@ -15,8 +15,9 @@ What it judges, request by request in workload order (request i is the same prom
   speed ratio: below 1 is slower) is below ``1 - max_slowdown`` **and** p < ``alpha``. When the load the server
   reported (``sglang:num_running_reqs``) differs between the sides beyond ``max_load_diff`` the speed cannot be
   decided; when the server reports none the speed is judged as measured and the report says the load is unknown.
-  Nor can it when the host itself was busier on one side: a fixed piece of CPU work timed on the host before each
-  request (``host_s``) took more than :data:`MAX_HOST_DIFF` longer on one side than on the other.
+  Nor can it when the host itself was busier on the side that could have caused the verdict: a fixed piece of
+  CPU work timed on the host around each request (``host_s``) took more than :data:`MAX_HOST_DIFF` longer on the
+  new side (a FAIL is withheld) or on the old side (a PASS is withheld).
 * **Accepted drafts.** When both sides report ``spec_accept_length``: FAIL when the mean drops by more than
   ``max_accept_drop`` (relative) **and** the same test says p < ``alpha``. Not affected by load (it is a property
   of the tokens, not of time), so judged whatever the load.
@@ -380,13 +381,16 @@ def judge_speed(old: Sequence[float], new: Sequence[float], settings: Thresholds
     if load is not None and load.differs:
         why = f"the load differed ({load.old:.3g} vs {load.new:.3g} running requests, bound {1 + load.bound:g}x)"
         return Speed(Outcome.UNDECIDED, ratio, p, n_old, n_new, old_median, new_median, why)
-    if load is not None and load.host_differs and load.host_ratio is not None:
+    slow = ratio < 1 - settings.max_slowdown and p < settings.alpha
+    # The host's contention withholds only the verdict it could have caused: a busier new side can fake a slowdown
+    # (a FAIL is not trusted), a busier old side can hide one (a PASS is not). A FAIL measured while the new side
+    # had the quieter host, or a PASS while it had the busier one, stands.
+    if load is not None and load.host_differs and load.host_ratio is not None and slow == (load.host_ratio > 1):
         why = (
             f"the host itself was busier on one side (a fixed CPU calibration took {load.host_ratio:.2f}x as long on "
             f"the new side; bound {1 + MAX_HOST_DIFF:g}x)"
         )
         return Speed(Outcome.UNDECIDED, ratio, p, n_old, n_new, old_median, new_median, why)
-    slow = ratio < 1 - settings.max_slowdown and p < settings.alpha
     return Speed(Outcome.FAIL if slow else Outcome.PASS, ratio, p, n_old, n_new, old_median, new_median)
 
 

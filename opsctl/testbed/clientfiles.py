@@ -43,7 +43,7 @@ def inventory_text(testbed: Layout, ports: dict[str, int]) -> str:
         f"    disk_warn_mb: {DISK_MB // 8}   # the hosts' /root is {DISK_MB} MB, far below production's warning level",
         "  service:",
         "    mode: standin                  # kdtree_backend.serve: SGLang's HTTP API, the real verify path on CPU",
-        '    standin_args: ["--load-delay", "3"]   # seconds of "model load" before /health answers 200',
+        '    standin_args: ["--load-delay", "1"]   # seconds of "model load" before /health answers 200 (production: minutes)',
         "    python: /usr/bin/python3",
         "    tp: 2                          # the stand-in serves as 2 TP ranks: the gate needs each one",
         "hosts:",

@@ -5,8 +5,11 @@ library through its failure scenarios; here the CLI wiring is what is under test
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
+
+import yaml
 
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
@@ -36,8 +39,23 @@ def test_group_dry_run_prints_the_plan_and_touches_nothing(testbed: Inventory) -
     assert {h.name: state(h)[0].current for h in fleet_hosts()} == before
 
 
+def without_comparison_file(tmp_path: Path) -> Path:
+    """The testbed's inventory file with ``gate.compare.enabled: false`` for every host: three hosts restarting
+    at once on two cores are no place for a speed comparison, and it is not what this test is about."""
+    doc = yaml.safe_load(Testbed().inventory_path.read_text())
+    doc["defaults"].setdefault("gate", {})["compare"] = {"enabled": False}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def test_group_deploy_parallel_then_status_and_rollback(testbed: Inventory, tmp_path: Path) -> None:
     hosts = fleet_hosts()
+    inv = without_comparison_file(tmp_path)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return opsctl(*args, inventory=inv)
+
     for h in hosts:
         reset_host(h)
     first = trees.copy_tree(tmp_path / "first", "fleet-first")
@@ -45,7 +63,7 @@ def test_group_deploy_parallel_then_status_and_rollback(testbed: Inventory, tmp_
     first_id, second_id = make_manifest(first).id, make_manifest(second).id
 
     for tree in (first, second):
-        res = opsctl("deploy", "fleet", "--yes", "--parallel", "--batch", "50%", "--src", str(tree))
+        res = cli("deploy", "fleet", "--yes", "--parallel", "--batch", "50%", "--src", str(tree))
         assert res.returncode == 0, res.stdout + res.stderr
         assert "roll-out complete" in res.stdout
     for h in hosts:
@@ -54,13 +72,13 @@ def test_group_deploy_parallel_then_status_and_rollback(testbed: Inventory, tmp_
         assert snap.unit.active_state == "active" and not snap.lock_present
         assert [e.verdict for e in history if e.event == "deploy"][-2:] == ["PASS", "PASS"]
 
-    st = opsctl("status", "fleet", "--json")
+    st = cli("status", "fleet", "--json")
     assert st.returncode == 0, st.stderr
     docs = json.loads(st.stdout)
     assert [d["host"] for d in docs] == [h.name for h in hosts]
     assert all(d["current"] == second_id and d["unit"]["active"] == "active" for d in docs)
 
-    rb = opsctl("rollback", "fleet", "--yes", "--parallel")
+    rb = cli("rollback", "fleet", "--yes", "--parallel")
     assert rb.returncode == 0, rb.stdout + rb.stderr
     for h in hosts:
         snap, _ = state(h)
@@ -70,7 +88,7 @@ def test_group_deploy_parallel_then_status_and_rollback(testbed: Inventory, tmp_
     sick = hosts[0]
     with connect(sick) as r:
         r.run(["systemctl", "stop", sick.unit + ".service"], timeout=120)
-    stopped = opsctl("health", sick.name, "--rollback-on-fail", "--json", "--no-alerts")
+    stopped = cli("health", sick.name, "--rollback-on-fail", "--json", "--no-alerts")
     assert stopped.returncode == 1, stopped.stdout + stopped.stderr
     assert json.loads(stopped.stdout)["rollbacks"] == []
     assert state(sick)[0].current == first_id
@@ -87,7 +105,7 @@ def test_group_deploy_parallel_then_status_and_rollback(testbed: Inventory, tmp_
     while state(sick)[0].unit.active_state != "failed" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert state(sick)[0].unit.active_state == "failed"
-    hr = opsctl("health", sick.name, "--rollback-on-fail", "--json", "--no-alerts")
+    hr = cli("health", sick.name, "--rollback-on-fail", "--json", "--no-alerts")
     assert hr.returncode == 2, hr.stdout + hr.stderr  # the CRIT found is still reported
     doc = json.loads(hr.stdout)
     assert [(x["host"], x["ok"]) for x in doc["rollbacks"]] == [(sick.name, True)], doc["rollbacks"]

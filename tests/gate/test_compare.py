@@ -242,8 +242,15 @@ def test_a_busier_host_on_one_side_makes_speed_undecided() -> None:
     busy = compare(with_host_s(side(), 0.004), with_host_s(side(scale=1.5), 0.006), DEFAULTS, baseline="r1")
     assert busy.speed.outcome is Outcome.UNDECIDED and busy.outcome is Outcome.UNDECIDED
     assert "the host itself was busier on one side (a fixed CPU calibration took 1.50x as long" in busy.reason
+    # A slowdown measured while the new side had the quieter host stands: contention there cannot have caused it.
     quiet_new = compare(with_host_s(side(), 0.006), with_host_s(side(scale=1.5), 0.004), DEFAULTS)
-    assert quiet_new.speed.outcome is Outcome.UNDECIDED  # either way: a busy baseline hides a slowdown
+    assert quiet_new.load.host_differs and quiet_new.speed.outcome is Outcome.FAIL
+    # A pass is withheld when the old side had the busier host (it may hide a slowdown), and stands when the new
+    # side had it (it passed in spite of it).
+    hidden = compare(with_host_s(side(), 0.006), with_host_s(side(scale=1.05), 0.004), DEFAULTS)
+    assert hidden.speed.outcome is Outcome.UNDECIDED and "busier on one side" in hidden.reason
+    in_spite = compare(with_host_s(side(), 0.004), with_host_s(side(scale=1.05), 0.006), DEFAULTS)
+    assert in_spite.load.host_differs and in_spite.speed.outcome is Outcome.PASS
     unknown = compare(side(), with_host_s(side(scale=1.5), 0.006), DEFAULTS)  # one side without the figure
     assert unknown.load.host_ratio is None and unknown.outcome is Outcome.FAIL
     assert busy.to_json()["load"]["host_differs"] is True

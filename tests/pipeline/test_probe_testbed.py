@@ -210,7 +210,12 @@ def inventory_file(tmp_path: Path, testbed: Inventory) -> Path:
         "environment_file": ENV_FILE,
     }
     # Not about the comparison (tests/pipeline/test_testbed_comparison.py is): two A/A deploys here, off.
-    over["gate"] = {"deadline_s": 60, "poll_interval_s": 0.5, "probe": {"parity_grace_s": 8}, "compare": {"enabled": False}}
+    over["gate"] = {
+        "deadline_s": 60,
+        "poll_interval_s": 0.5,
+        "probe": {"parity_grace_s": 8},
+        "compare": {"enabled": False},
+    }
     path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path

@@ -20,7 +20,7 @@ def test_inventory_text_is_a_valid_inventory(tmp_path: Path) -> None:
     assert (
         tb1.gpu_arch is None
         and tb1.service.mode == "standin"
-        and tb1.service.standin_args == ["--load-delay", "3"]
+        and tb1.service.standin_args == ["--load-delay", "1"]
         and tb1.service.python == "/usr/bin/python3"
     )
     assert tb1.root == "/root/kdtree-engine" and tb1.unit == "sglang-k26-ddtree"
