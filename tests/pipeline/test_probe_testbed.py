@@ -29,6 +29,7 @@ from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
 from opsctl.testbed import reset_host
+from tests.builders import without_comparison
 from tests.pipeline import trees
 from tests.pipeline.test_testbed_deploy import Recorder, state
 
@@ -43,7 +44,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def standin(host: HostConfig, **probe: Any) -> HostConfig:
-    """The host running the stand-in with a 3 s load, a short gate, and the probe (``probe`` overrides)."""
+    """The host running the stand-in with a 3 s load, a short gate, and the probe (``probe`` overrides); without
+    the comparison, which these tests are not about."""
+    host = without_comparison(host)
     svc = host.service.model_copy(
         update={"mode": "standin", "standin_args": ["--load-delay", str(LOAD_DELAY_S)], "environment_file": ENV_FILE}
     )
