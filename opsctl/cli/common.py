@@ -217,15 +217,15 @@ def host_and_action(
 def to_jsonable(obj: Any) -> Any:
     """``obj`` as JSON can carry it: models and dataclasses as objects, paths as text, NaN and the infinities by
     name (``json_float``, the one place opsctl turns them)."""
-    from pydantic import BaseModel
-
+    # No object is a pydantic model unless pydantic is loaded: a command that read no inventory does not load it.
+    pydantic = sys.modules.get("pydantic")
     if isinstance(obj, float):
         if math.isfinite(obj):
             return obj
         from ..gate.decision import json_float  # imported only for a value that needs it (`hosts --json` starts fast)
 
         return json_float(obj)
-    if isinstance(obj, BaseModel):
+    if pydantic is not None and isinstance(obj, pydantic.BaseModel):
         return obj.model_dump(mode="json")
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}

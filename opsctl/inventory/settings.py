@@ -40,7 +40,7 @@ class Strict(BaseModel):
     """Every section of the inventory: unknown keys refused, frozen, finite numbers, plain text in every string."""
 
     # No inf or NaN in any number: `pass_rel: .inf` would let rel=1e300 pass, and JSON has no Infinity.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -95,7 +95,7 @@ class StrictTypes(Strict):
     """A section whose values go to the host program: no coercion (``requests: "4"``, ``4.0`` or ``true`` is not
     the integer 4; ``input_ids: [["1"]]`` or ``[[true]]`` is not a token id)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True, defer_build=True)
 
 
 class ProbeSettings(StrictTypes):

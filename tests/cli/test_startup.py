@@ -123,3 +123,19 @@ def test_completion_through_the_shell_protocol(tmp_path: Path) -> None:
     code = "import sys; from opsctl.cli import main; sys.exit(main())"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.stdout.split() == ["gpu-a", "gpu-b"], proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("args", [("--help",), ("bundle", "--json", "--src", str(REPO))], ids=["--help", "bundle"])
+def test_commands_without_the_inventory_load_no_pydantic(tmp_path: Path, args: tuple[str, ...]) -> None:
+    # pydantic (~0.1 s of a start) comes with the inventory's models, and with Typer 0.29's per-parameter
+    # adapters (pyproject.toml keeps Typer below 0.29): a command that reads no inventory does not pay for it.
+    probe = _PROBE.format(heavy=("pydantic",))
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "100", "HOME": str(tmp_path)},
+        timeout=120,
+    )
+    assert "\nLOADED []" in proc.stdout, proc.stdout[-400:] + proc.stderr[-400:]
