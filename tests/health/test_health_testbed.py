@@ -92,9 +92,7 @@ def test_healthy_host_then_drift_and_parity_failure(tb1: HostConfig, history: He
     elapsed = time.monotonic() - t0
     levels = {c.name: c.level for c in ok.checks}
     assert levels["unit"] is Level.OK and levels["drift"] is Level.OK and levels["parity"] is Level.OK
-    assert (
-        levels["http"] is Level.SKIP and levels["gpu"] is Level.SKIP
-    )  # no HTTP port (replay mode), no GPU expected
+    assert levels["http"] is Level.SKIP and levels["gpu"] is Level.SKIP  # no HTTP port (replay mode), no GPU expected
     assert ok.release == release and ok.invocation_id
     print(f"health-check run time for one testbed host: {elapsed:.2f}s")
 

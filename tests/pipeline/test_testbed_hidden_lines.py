@@ -18,8 +18,6 @@ from tests.pipeline import trees
 from tests.pipeline.test_testbed_deploy import (  # noqa: F401 (fixtures)
     assert_healthy,
     ensure_good,
-    good_id,
-    good_tree,
     tb1,
 )
 
@@ -36,8 +34,8 @@ def test_a_hidden_failing_line_fails_the_gate_and_rolls_back(
     make: object,
     why: str,
     tb1: HostConfig,  # noqa: F811 (the fixture imported above)
-    good_tree: Path,  # noqa: F811
-    good_id: str,  # noqa: F811
+    good_tree: Path,
+    good_id: str,
     tmp_path: Path,
 ) -> None:
     ensure_good(tb1, good_tree, good_id)
