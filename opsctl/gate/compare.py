@@ -22,6 +22,11 @@ What it judges, request by request in workload order (request i is the same prom
   ``max_accept_drop`` (relative) **and** the same test says p < ``alpha``. Not affected by load (it is a property
   of the tokens, not of time), so judged whatever the load.
 * **TTFT.** Reported (median new / old), never judged: the first token after a restart pays for cold caches.
+* **A speed FAIL is measured twice.** Decode speed is the one figure that something outside the release (other
+  work on a shared host, the minutes between the two sides) can move for a while; answers, accepted drafts and
+  failed requests are properties of the release. So when speed is the only FAIL (:func:`only_speed_fails`) the
+  caller takes a second sample of the new release and :func:`confirm` judges that one: the FAIL stands only when
+  it repeats.
 
 The outcome is the worst of the parts: FAIL, then ERROR, then UNDECIDED, else PASS; ``reasons`` name the figure
 (``decode 0.71x of rfb4d975 (p=0.002, 16 vs 16 requests)``), ``line()`` is the one line a deploy prints.
@@ -32,7 +37,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -286,6 +291,8 @@ class Comparison:
     load: Load
     ttft_ratio: float | None  # median new TTFT / median old TTFT (below 1 is faster)
     settings: dict[str, float | int]
+    # Set by confirm(): what a first sample of the new release showed before this one was judged.
+    first_sample: str | None = None
 
     @property
     def reason(self) -> str:
@@ -314,6 +321,8 @@ class Comparison:
             parts.append("load unknown")
         if self.outcome is Outcome.UNDECIDED and not self.pairs:
             parts.append(f"cannot decide: {self.reason}")
+        if self.first_sample is not None:
+            parts.append(self.first_sample)
         return f"compared with {self.baseline} on {self.requests} requests: " + "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -331,6 +340,7 @@ class Comparison:
             "load": self.load.to_json(),
             "ttft_ratio": self.ttft_ratio,
             "settings": dict(self.settings),
+            "first_sample": self.first_sample,
         }
 
 
@@ -552,6 +562,30 @@ def compare(
         ttft_ratio=ttft_ratio,
         settings=doc,
     )
+
+
+def only_speed_fails(result: Comparison) -> bool:
+    """Whether ``result`` FAILs on decode speed and on nothing else: no failed request, the answers and the
+    accepted drafts not failing. Such a FAIL is confirmed on a second sample before it stands (:func:`confirm`)."""
+    return (
+        result.outcome is Outcome.FAIL
+        and result.speed.outcome is Outcome.FAIL
+        and not result.failures.new_failed
+        and (result.answers is None or result.answers.outcome is not Outcome.FAIL)
+        and (result.drafts is None or result.drafts.outcome is not Outcome.FAIL)
+    )
+
+
+def confirm(first: Comparison, second: Comparison) -> Comparison:
+    """The verdict after a speed-only FAIL (``first``): the comparison of a second sample of the new release with
+    the same baseline (``second``), which names what the first showed. The FAIL stands only when it repeats: a
+    slower release is slower every time, a busy minute on the host is not."""
+    figure = f"decode {first.speed.ratio:.2f}x (p={_p(first.speed.p)})" if first.speed.ratio is not None else "a FAIL"
+    if second.speed.outcome is Outcome.FAIL:
+        note = f"a first sample too: {figure}"
+    else:
+        note = f"a first sample's {figure} not repeated"
+    return replace(second, first_sample=note)
 
 
 def judge_alone(sample: ComparisonSample) -> tuple[Outcome, str]:

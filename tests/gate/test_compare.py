@@ -9,7 +9,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsctl.gate.compare import Outcome, compare, divergence, load_differs, min_pairs
+from opsctl.gate.compare import Outcome, compare, confirm, divergence, load_differs, min_pairs, only_speed_fails
 from opsctl.gate.sample import CompareRequest, ComparisonSample
 from opsctl.inventory import CompareSettings
 
@@ -279,3 +279,31 @@ def test_the_host_figure_is_the_mean_of_a_bimodal_calibration() -> None:
         DEFAULTS,
     )
     assert busier.load.host_differs and busier.speed.outcome is Outcome.UNDECIDED
+
+
+def test_only_a_fail_on_speed_alone_is_measured_again() -> None:
+    slow = compare(side(), side(scale=1.5), DEFAULTS)
+    assert only_speed_fails(slow)
+    wrong = [tuple(t + 1 for t in output(i)) for i in range(16)]
+    slow_and_wrong = compare(side(), side(scale=1.5, outputs=wrong), DEFAULTS)
+    assert slow_and_wrong.outcome is Outcome.FAIL and not only_speed_fails(slow_and_wrong)  # the answers decide
+    fewer_drafts = compare(side(), side(scale=1.5, accept=1.5), DEFAULTS)
+    assert fewer_drafts.drafts is not None and fewer_drafts.drafts.outcome is Outcome.FAIL
+    assert not only_speed_fails(fewer_drafts)
+    failed = compare(side(), with_requests(side(scale=1.5), {0: {"status": 500, "error": "HTTP 500"}}), DEFAULTS)
+    assert failed.outcome is Outcome.FAIL and not only_speed_fails(failed)
+    assert not only_speed_fails(compare(side(), side(), DEFAULTS))
+
+
+def test_a_speed_fail_stands_only_when_the_second_sample_repeats_it() -> None:
+    first = compare(side(), side(scale=1.3), DEFAULTS, baseline="rfb4d975")
+    assert first.outcome is Outcome.FAIL
+    # A busy minute on the host: the second sample is as fast as the baseline, and the verdict is its own.
+    passed = confirm(first, compare(side(), side(), DEFAULTS, baseline="rfb4d975"))
+    assert passed.outcome is Outcome.PASS and passed.reasons == ()
+    assert passed.line().endswith("; a first sample's decode 0.77x (p=8.5e-07) not repeated"), passed.line()
+    assert passed.to_json()["first_sample"] == passed.first_sample
+    # A slower release is slower again: the FAIL stands, naming the second figure and the first.
+    failed = confirm(first, compare(side(), side(scale=1.4), DEFAULTS, baseline="rfb4d975"))
+    assert failed.outcome is Outcome.FAIL and failed.reasons[0].startswith("decode 0.71x of rfb4d975 (p=")
+    assert failed.line().endswith("; a first sample too: decode 0.77x (p=8.5e-07)"), failed.line()
