@@ -66,6 +66,19 @@ def capture_replay_command(
     return in_release_command(release_dir, token, argv)
 
 
+# What the capture-presence command prints when the capture directory holds nothing (absent, or empty).
+NO_CAPTURES = "none"
+
+
+def captures_present_command(capture_dir: str) -> str:
+    """A shell line that prints :data:`NO_CAPTURES` when ``capture_dir`` is absent or empty, anything else
+    otherwise: the pre-restart check then skips starting the release's replay (a Python process that imports
+    torch, seconds) when nothing was ever captured. Anything unexpected (not a directory, unreadable) prints
+    something else, and the replay runs and judges it."""
+    d = shlex.quote(capture_dir)
+    return f'if [ ! -e {d} ] || {{ [ -d {d} ] && [ -r {d} ] && [ -z "$(ls -A {d})" ]; }}; then echo {NO_CAPTURES}; else echo some; fi'
+
+
 def build_argv(python: str, release_dir: str, *, arch: str, out_subdir: str, timeout_s: float) -> list[str]:
     """Build the release's extension for compute capability ``arch`` into ``<release>/<out_subdir>``."""
     rel = release_dir.rstrip("/")

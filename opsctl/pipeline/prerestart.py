@@ -99,10 +99,14 @@ def replay_captures(r: Remote, host: HostConfig, release_dir: str, reporter: Rep
     """Replay the verify calls captured on this host from its real traffic (``opsctl capture``; docs/capture.md)
     with the new release, judged by the gate's parser and rules (every line, every capturing rank). A failing or
     damaged one stops the deploy before the switch, as the synthetic check does. Returns the step's detail."""
+    directory = capture_dir(host.root)
+    present = r.run(replay_commands.captures_present_command(directory), timeout=60, check=False)
+    if present.rc == 0 and present.stdout.strip() == replay_commands.NO_CAPTURES:
+        return "captures: no captures stored on the host"
     token = releaseroot.new_parity_token()
     t = time.monotonic()
     command = replay_commands.capture_replay_command(
-        host.service.python, release_dir, capture_dir(host.root), token, threshold=host.gate.fail_rel
+        host.service.python, release_dir, directory, token, threshold=host.gate.fail_rel
     )
     res = r.run(command.command, stdin=command.stdin, timeout=captures.REPLAY_TIMEOUT_S, check=False)
     j = captures.judge_replay(res.stdout, res.rc, host.gate, host.service.tp, token, res.stderr)

@@ -73,3 +73,19 @@ def test_build_argv() -> None:
         "--timeout",
         "1800",
     ]
+
+
+def test_the_capture_presence_check_says_none_only_for_an_absent_or_empty_directory(tmp_path: Path) -> None:
+    # The pre-restart check skips the replay process (a torch import: seconds a deploy) only on "none".
+    root = tmp_path / HOSTILE.strip("/")
+    assert sh(hr.captures_present_command(str(root))).stdout.strip() == hr.NO_CAPTURES  # never captured
+    root.mkdir(parents=True)
+    assert sh(hr.captures_present_command(str(root))).stdout.strip() == hr.NO_CAPTURES  # pruned to nothing
+    (root / "c1").mkdir()
+    assert sh(hr.captures_present_command(str(root))).stdout.strip() != hr.NO_CAPTURES
+    (root / "c1").rmdir()
+    (root / ".partial").write_text("")  # a hidden entry is an entry: the replay judges it
+    assert sh(hr.captures_present_command(str(root))).stdout.strip() != hr.NO_CAPTURES
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    assert sh(hr.captures_present_command(str(not_a_dir))).stdout.strip() != hr.NO_CAPTURES  # the replay says why
