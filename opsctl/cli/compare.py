@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
 from rich.markup import escape
 
 from ..errors import EXIT_UNPROVEN, GateFailed, UsageError
 from ..gate.compare import Comparison, Outcome, compare
 from ..gate.sample import ComparisonSample, SampleError
-from ..inventory import CompareSettings
 from . import common
+
+if TYPE_CHECKING:
+    from ..inventory import CompareSettings
 
 app = typer.Typer()
 
@@ -53,6 +54,11 @@ def read_sample(path: Path) -> ComparisonSample:
 
 def judge_settings(host: str | None, overrides: dict[str, float | int | None]) -> CompareSettings:
     """The comparison settings a deploy to HOST uses, else the defaults; flags (``overrides``) on top."""
+    # Here, not at the top: the inventory's models (pydantic) are the slowest import, and --help needs none.
+    from pydantic import ValidationError
+
+    from ..inventory import CompareSettings
+
     base = common.inventory().host(host).gate.compare if host is not None else CompareSettings()
     update = {k: v for k, v in overrides.items() if v is not None}
     tokens = update.get("compare_tokens")

@@ -6,19 +6,20 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import TYPE_CHECKING, Annotated, BinaryIO
 
 import typer
-from pydantic import ValidationError
 from rich.markup import escape
 
 from ..errors import GateFailed, UsageError
 from ..gate.decision import LineVerdict
 from ..gate.lines import TOKEN_RE as _TOKEN_RE
 from ..gate.parity_check import BLOCK_BYTES, InputFormat, JournalReader, ParityCheck, check_entries
-from ..inventory import GateSettings
 from . import common
 from .parityview import verdict_style
+
+if TYPE_CHECKING:
+    from ..inventory import GateSettings
 
 app = typer.Typer(
     help="Parity lines outside a deploy: check a journal offline, replay stored captures.", no_args_is_help=True
@@ -44,6 +45,11 @@ def _settings(
     host: str | None, pass_rel: float | None, fail_rel: float | None, passes: int | None
 ) -> tuple[GateSettings, int | None]:
     """The gate settings (and TP size) a deploy to HOST would use, else the defaults; flags override either."""
+    # Here, not at the top: the inventory's models (pydantic) are the slowest import, and --help needs none.
+    from pydantic import ValidationError
+
+    from ..inventory import GateSettings
+
     _finite("--pass-rel", pass_rel)
     _finite("--fail-rel", fail_rel)
     base, tp = GateSettings(), None

@@ -37,11 +37,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from ..hostdata.facts import UnitObservation
-from ..inventory import GateSettings
 from .lines import MARKER, ParityLine, malformed_line, misplaced_marker, parse_line
 from .traffic import FailureCause, ProbeTally, Wave
+
+if TYPE_CHECKING:
+    from ..inventory import GateSettings  # annotations only: the offline commands' --help loads no pydantic
 
 
 class LineVerdict(StrEnum):
