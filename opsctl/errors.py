@@ -89,4 +89,5 @@ EXIT_NOT_CONFIRMED = 1  # a prompt answered no: nothing was done
 EXIT_LOCK_HELD = 1  # `opsctl lock HOST` found the lock held (a status, like `test`)
 EXIT_UNIT_INACTIVE = 3  # `opsctl service HOST status` on a unit that is not active (as `systemctl status`)
 EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP, after the host was restored
-EXIT_UNPROVEN = 32  # the gate saw no verify traffic (probe disabled, host idle): rolled back, the release not marked bad
+# The gate saw no verify traffic (probe disabled, host idle): rolled back, the release not marked bad.
+EXIT_UNPROVEN = 32

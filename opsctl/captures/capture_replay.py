@@ -152,4 +152,6 @@ def replay_release(host: HostConfig, release: str, token: str) -> ReplayRun:
         )
         res = r.run(command.command, stdin=command.stdin, check=False, timeout=REPLAY_TIMEOUT_S)
     elapsed = time.monotonic() - started
-    return ReplayRun(release_id, judge_replay(res.stdout, res.rc, host.gate, host.service.tp, token, res.stderr), res.stderr, elapsed)
+    return ReplayRun(
+        release_id, judge_replay(res.stdout, res.rc, host.gate, host.service.tp, token, res.stderr), res.stderr, elapsed
+    )
