@@ -30,6 +30,10 @@ SUMMARY_RE = re.compile(r"^kdtree-replay: captures=(\d+) damaged=(\d+)\b")
 REPLAY_TIMEOUT_S = 900.0
 
 
+# The NODATA reason when the host holds no capture (the replay found none, or the pre-restart check saw none).
+NOTHING_STORED = "no captures stored on the host"
+
+
 @dataclass
 class ReplayJudgement:
     verdict: Verdict  # PASS, FAIL, INCONCLUSIVE, NODATA (nothing stored), ERROR (the replay could not run)
@@ -93,7 +97,7 @@ def judge_replay(
         )
     if counted == 0:
         ignored = state.counts[LineVerdict.IGNORED]
-        why = f"{ignored} line(s) ignored (wrong or missing token)" if ignored else "no captures stored on the host"
+        why = f"{ignored} line(s) ignored (wrong or missing token)" if ignored else NOTHING_STORED
         return ReplayJudgement(Verdict.NODATA, why, judgements, calls, damaged, state)
     if rc == REPLAY_EXIT_PARITY_FAILED:
         return ReplayJudgement(

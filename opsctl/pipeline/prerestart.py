@@ -102,7 +102,7 @@ def replay_captures(r: Remote, host: HostConfig, release_dir: str, reporter: Rep
     directory = capture_dir(host.root)
     present = r.run(replay_commands.captures_present_command(directory), timeout=60, check=False)
     if present.rc == 0 and present.stdout.strip() == replay_commands.NO_CAPTURES:
-        return "captures: no captures stored on the host"
+        return f"captures: {captures.NOTHING_STORED}"
     token = releaseroot.new_parity_token()
     t = time.monotonic()
     command = replay_commands.capture_replay_command(
