@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeployFailed
-from ..inventory import HostConfig, ProbeSettings
 from ..ssh.remote import CommandResultLike, Remote
 from .traffic_on_host import request_time_s
+
+if TYPE_CHECKING:  # annotations only: the inventory's models (pydantic) are the CLI's slowest import
+    from ..inventory import HostConfig, ProbeSettings
 
 LOOPBACK = "127.0.0.1"
 RID_PREFIX = "opsctl-probe"
