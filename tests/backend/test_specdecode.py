@@ -142,10 +142,14 @@ def scheduler(fault: str | None) -> Scheduler:
     return Scheduler(config, 2, torch.device("cpu"))
 
 
-def step_seconds(s: Scheduler, prompt: tuple[int, ...]) -> float:
-    started = time.perf_counter()
-    result = s.generate(GenerateRequest("t", prompt, 16))
-    return (time.perf_counter() - started) / result.steps
+def step_seconds(s: Scheduler, prompt: tuple[int, ...], repeats: int = 3) -> float:
+    """The fastest of ``repeats`` runs: a busy machine (CI's parallel workers) only ever adds time."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = s.generate(GenerateRequest("t", prompt, 16))
+        best = min(best, (time.perf_counter() - started) / result.steps)
+    return best
 
 
 def test_slow_fault_makes_every_verify_step_f_times_as_long() -> None:
