@@ -35,6 +35,24 @@ if TYPE_CHECKING:
     from opsctl.testbed import Testbed
 
 HOSTS_ENV = "OPSCTL_TESTBED_HOSTS"
+# Under pytest-xdist (CI: `-n 3 --dist loadfile`) every worker but gw0 boots a testbed of its own, so that tests
+# of different files never share a host: <testbed dir>-gwN, sshd ports 100*N above the base. gw0 (or a run without
+# xdist) uses the default one, which the README's rehearsal leaves up. The testbed tests mostly wait (restarts,
+# readiness, gate deadlines), so three of them side by side fit on two cores.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER:
+    # xdist's workers start with COLUMNS=80 set; without it Rich's piped width is the one a serial run sees (tests
+    # that want a width pass COLUMNS themselves).
+    os.environ.pop("COLUMNS", None)
+_OWN_TESTBED = _WORKER.startswith("gw") and _WORKER != "gw0"
+if _OWN_TESTBED:
+    from opsctl.testbed.layout import DEFAULT_STATE_DIR, STATE_ENV
+    from opsctl.testbed.ports import DEFAULT_PORT_BASE, PORT_BASE_ENV
+
+    _default_dir = os.environ.get(STATE_ENV) or os.path.abspath(DEFAULT_STATE_DIR)
+    os.environ[STATE_ENV] = f"{_default_dir}-{_WORKER}"
+    _base = int(os.environ.get(PORT_BASE_ENV) or DEFAULT_PORT_BASE)
+    os.environ[PORT_BASE_ENV] = str(_base + 100 * int(_WORKER.removeprefix("gw")))
 
 
 def _cli_dependency_missing() -> ModuleNotFoundError | None:
@@ -106,7 +124,7 @@ def _must_not_skip() -> bool:
 
 
 @pytest.fixture(scope="session")
-def testbed_handle() -> Testbed:
+def testbed_handle() -> Generator[Testbed, None, None]:
     """The default testbed ($OPSCTL_TESTBED_DIR or ./.testbed), booted: for power and disk helpers."""
     from opsctl.errors import OpsError
     from opsctl.testbed import DEFAULT_HOSTS, Testbed, missing_tools, prerequisite_problem
@@ -121,7 +139,9 @@ def testbed_handle() -> Testbed:
         tb.up(int(os.environ.get(HOSTS_ENV) or DEFAULT_HOSTS))
     except OpsError as e:
         pytest.fail(f"the testbed could not boot: {e}", pytrace=False)
-    return tb
+    yield tb
+    if _OWN_TESTBED:  # this worker booted it; the default one is left to whoever brought it up
+        tb.down()
 
 
 @pytest.fixture(scope="session")
