@@ -46,13 +46,12 @@ if _WORKER:
     os.environ.pop("COLUMNS", None)
 _OWN_TESTBED = _WORKER.startswith("gw") and _WORKER != "gw0"
 if _OWN_TESTBED:
-    from opsctl.testbed.layout import DEFAULT_STATE_DIR, STATE_ENV
-    from opsctl.testbed.ports import DEFAULT_PORT_BASE, PORT_BASE_ENV
+    from opsctl.testbed.layout import STATE_ENV, Layout
+    from opsctl.testbed.ports import PORT_BASE_ENV
 
-    _default_dir = os.environ.get(STATE_ENV) or os.path.abspath(DEFAULT_STATE_DIR)
-    os.environ[STATE_ENV] = f"{_default_dir}-{_WORKER}"
-    _base = int(os.environ.get(PORT_BASE_ENV) or DEFAULT_PORT_BASE)
-    os.environ[PORT_BASE_ENV] = str(_base + 100 * int(_WORKER.removeprefix("gw")))
+    _default = Layout()  # the default testbed's directory and port base, as opsctl resolves them
+    os.environ[STATE_ENV] = f"{_default.state_dir}-{_WORKER}"
+    os.environ[PORT_BASE_ENV] = str(_default.port_base + 100 * int(_WORKER.removeprefix("gw")))
 
 
 def _cli_dependency_missing() -> ModuleNotFoundError | None:
