@@ -40,7 +40,18 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from ..hostdata.facts import UnitObservation
-from .lines import MARKER, ParityLine, malformed_line, misplaced_marker, parse_line
+from .lines import (
+    JOURNAL_PREFIX_RE,
+    MARKER,
+    MIN_TOKEN_PIECE,
+    ParityLine,
+    claims_token,
+    cut_token,
+    malformed_line,
+    misplaced_marker,
+    parse_line,
+    token_rest_at_start,
+)
 from .traffic import FailureCause, ProbeTally, Wave
 
 if TYPE_CHECKING:
@@ -116,6 +127,9 @@ class GateState:
     # An ERROR caused by the gate's own configuration (every failed probe request refused: a wrong endpoint,
     # prompt or API key): the release is rolled back but not marked bad (traffic.failure_cause).
     config_error: bool = False
+    # What cut-short lines left of the token (a line journald split inside its token= value): a later message that
+    # begins with one of these is that line's second piece, a FAIL (docs/gate.md "Split lines").
+    cut_rests: set[str] = field(default_factory=set)
 
     @classmethod
     def every_line(
@@ -159,8 +173,16 @@ class GateState:
         out = line.problems
         if self.expected_ranks is not None and line.rank is not None and line.rank >= self.expected_ranks:
             out = (*out, f"tp={line.rank} outside the unit's {self.expected_ranks} TP ranks")
-        if self.token is not None and line.token != self.token and not line.hidden and self.token in line.raw:
-            out = (*out, "the invocation's token is in the line but its token= is not the invocation's")
+        own = self.token
+        if own is not None and line.token != own and not line.hidden:
+            if own in line.raw:
+                out = (*out, "the invocation's token is in the line but its token= is not the invocation's")
+            elif (piece := _cut_piece(own, line)) is not None:
+                out = (
+                    *out,
+                    f"its token= is cut short ({len(piece)} of the invocation's {len(own)} characters): a line "
+                    "journald split inside its token, or one truncated there",
+                )
         return out
 
     def well_formed_verdict(self, rank: int, rel: float, token: str | None, raw: str) -> LineVerdict:
@@ -168,7 +190,7 @@ class GateState:
         long journal's lines after the decision need, and all they need. Counts nothing."""
         own = self.token
         if own is not None and token != own:
-            return LineVerdict.FAIL if own in raw else LineVerdict.IGNORED
+            return LineVerdict.FAIL if claims_token(own, token, raw) else LineVerdict.IGNORED
         if self.expected_ranks is not None and rank >= self.expected_ranks:
             return LineVerdict.FAIL
         s = self.settings
@@ -184,9 +206,12 @@ class GateState:
         """Count one parity line (in journal order). Lines after the decision are classified but change nothing."""
         token = self.token
         # ignored_reason(line) is not None, and judge_line(line), inlined: this runs for every line of a journal.
-        if token is not None and line.token != token and not line.hidden and token not in line.raw:
-            self.counts[LineVerdict.IGNORED] += 1
-            return LineVerdict.IGNORED
+        if token is not None and line.token != token and not line.hidden:
+            if not claims_token(token, line.token, line.raw):
+                self.counts[LineVerdict.IGNORED] += 1
+                return LineVerdict.IGNORED
+            if (piece := _cut_piece(token, line)) is not None:
+                self.cut_rests.add(token[len(piece) :])
         problems = self.problems(line)
         lv = LineVerdict.FAIL if problems else classify(line, self.settings)
         if self.verdict is not Verdict.PENDING:
@@ -416,10 +441,44 @@ def line_reason(state: GateState, line: ParityLine, verdict: LineVerdict) -> str
     return f"rel {line.rel:.4g} <= {s.pass_rel:g}"
 
 
-def judge(state: GateState, message: str, now: float, *, journal_prefix: bool = False) -> Judgement | None:
+def _cut_piece(own: str, line: ParityLine) -> str | None:
+    """The strict prefix of ``own`` a line's token was cut to (its ``token=`` value, or the text its message ends
+    with after ``token=``), or None."""
+    if line.token is not None and line.token != own and own.startswith(line.token):
+        return line.token
+    return cut_token(line.raw, own)
+
+
+def split_piece_claimed(state: GateState, message: str) -> bool:
+    """Whether a piece of a message journald split (``_LINE_BREAK`` set) may be a parity line of the invocation:
+    it holds the marker, ``token=``, the token, or a piece of it at either edge. The backend's lines are far
+    shorter than journald's LineMax, so such a piece is never one it printed whole: a FAIL."""
+    if MARKER in message:
+        return True
+    own = state.token
+    if own is None:
+        return False
+    if own in message or "token=" in message or token_rest_at_start(message, own, state.cut_rests) is not None:
+        return True
+    return any(message.endswith(own[:k]) for k in range(MIN_TOKEN_PIECE, len(own)))
+
+
+def judge(
+    state: GateState, message: str, now: float, *, journal_prefix: bool = False, split: str = ""
+) -> Judgement | None:
     """One journal message into the gate. None for a message that is not about parity at all. A message holding
     the invocation's token that is not a well-formed line is a malformed line of the invocation: a FAIL.
-    ``journal_prefix``: ``message`` is a line of journalctl's text output (``lines.parse_line``)."""
+    ``journal_prefix``: ``message`` is a line of journalctl's text output (``lines.parse_line``). ``split``: the
+    entry's ``_LINE_BREAK`` (journald cut the message; JSON only): a piece that holds the marker or any part of
+    the token is a FAIL, whatever token it shows, and what it leaves of the token marks the next piece."""
+    if split and split_piece_claimed(state, message):
+        if state.token is not None and (piece := cut_token(message, state.token)) is not None:
+            state.cut_rests.add(state.token[len(piece) :])
+        why = (
+            f"journald split this message (_LINE_BREAK={split}): a piece of a marked line or of the invocation's "
+            "token, never a whole line the backend printed"
+        )
+        return judge_record(state, malformed_line(message, why, anyones=True), now)
     rec = parse_line(message, journal_prefix=journal_prefix)
     if isinstance(rec, ParityLine):
         return judge_record(state, rec, now)
@@ -433,9 +492,25 @@ def judge(state: GateState, message: str, now: float, *, journal_prefix: bool = 
             else "the invocation's token in a message that is not a parity line"
         )
         return judge_record(state, malformed_line(message, why), now)
+    if state.token is not None and (rest := _rest_at_start(state, message, journal_prefix)) is not None:
+        why = (
+            f"begins with the last {len(rest)} characters of the invocation's token: the second piece of a line "
+            "journald split inside its token"
+        )
+        return judge_record(state, malformed_line(message, why, anyones=True), now)
     if misplaced:
         return Judgement(LineVerdict.IGNORED, f"{MARKER} inside another message, not a parity line", message)
     return None
+
+
+def _rest_at_start(state: GateState, message: str, journal_prefix: bool) -> str | None:
+    own = state.token
+    assert own is not None
+    if not state.cut_rests and own[-MIN_TOKEN_PIECE:] not in message:
+        return None  # the common case, at the cost of one substring search
+    if journal_prefix and (m := JOURNAL_PREFIX_RE.match(message)) is not None:
+        message = message[m.end() :]
+    return token_rest_at_start(message, own, state.cut_rests)
 
 
 def judge_record(state: GateState, rec: ParityLine, now: float) -> Judgement:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kdtree_backend.wire import LEFT_OUT, MARKER, PARITY_VALUE_MAX, TOKEN_RE
 
@@ -68,6 +68,13 @@ _INT_RE = re.compile(r"0|[1-9][0-9]{0,17}", re.ASCII)
 _TUPLE_RE = re.compile(r"\((?:(?:0|[1-9][0-9]{0,17}),(?: (?:0|[1-9][0-9]{0,17}),)*(?: (?:0|[1-9][0-9]{0,17}))?)?\)")
 _WORD_RE = re.compile(r"[!-~]+", re.ASCII)  # any other value: printable ASCII, no space
 _LOOSE_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_])token=([A-Za-z0-9_-]+)", re.ASCII)
+# A message that ends inside its ``token=`` value (or right after the ``=``): what is left of a line journald cut at
+# LineMax, or a line truncated anywhere else. Searched in the message's last characters only.
+_TAIL_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_])token=([A-Za-z0-9_-]{0,128})\Z", re.ASCII)
+_TAIL_CHARS = len("token=") + 129
+# The shortest piece of a token that, found alone at a message's edge, is taken for a piece of it: 8 of a token's
+# characters (hex: 32 bits) at the start of an unrelated message happen about once in four billion.
+MIN_TOKEN_PIECE = 8
 
 # The common case in one anchored match: a well-formed parity line in the backend's field order. Anything this
 # does not take (or whose values it finds not finite, its extras duplicated, its rank at odds with the prefix) goes
@@ -228,7 +235,8 @@ class ParityLine:
     raw: str = ""
     token: str | None = None
     problems: tuple[str, ...] = ()
-    hidden: bool = False  # journalctl left the message out (LEFT_OUT): whatever it held, it may be ours
+    # journalctl left the message out (LEFT_OUT), or journald split it: whatever it held, it may be ours
+    hidden: bool = False
 
     @property
     def finite(self) -> bool:
@@ -243,13 +251,9 @@ class ParityLine:
         return self.layer_label + (f" TP{self.rank}" if self.rank is not None else "")
 
     def carries(self, token: str) -> bool:
-        """Whether this line was printed by the invocation that holds ``token``: its ``token=`` is exactly that,
-        or the token appears anywhere in it (only a process that read the root-only token file can write it, so
-        any sign of the token makes the line the invocation's own; the gate fails it unless it is well formed
-        with that ``token=``), or journalctl left the message out (it may have been ours)."""
-        if self.token == token or self.hidden:
-            return True
-        return bool(token) and token in self.raw
+        """Whether this line was printed by the invocation that holds ``token`` (:func:`claims_token`), or
+        journalctl left the message out or journald split it (it may have been ours)."""
+        return self.hidden or claims_token(token, self.token, self.raw)
 
 
 @dataclass(frozen=True)
@@ -266,6 +270,54 @@ class FallbackLine:
 
 
 KdtreeLine = ShapesLine | FallbackLine | ParityLine
+
+
+def claims_token(own: str, token: str | None, raw: str) -> bool:
+    """The one rule of whose a line is: the invocation holding ``own`` printed a line whose ``token=`` is ``own``,
+    or that holds ``own`` anywhere (only a process that read the root-only token file can write it, so any sign of
+    the token makes the line the invocation's own; the gate fails it unless it is well formed with that
+    ``token=``), or whose token was cut short (:func:`cut_token`: a strict prefix of ``own``, a line journald
+    split inside its token or one truncated there). ``token``: the line's ``token=`` value (None: none)."""
+    if token == own:
+        return True
+    if not own:
+        return False
+    if token is not None and own.startswith(token):
+        return True
+    return own in raw or cut_token(raw, own) is not None
+
+
+def cut_token(raw: str, own: str) -> str | None:
+    """The piece of ``own`` a message ends with when it ends inside its ``token=`` value: a strict prefix of
+    ``own``, empty when the message ends right after ``token=``. None when the message does not end so."""
+    tail = raw[-_TAIL_CHARS:]
+    if "token=" not in tail:
+        return None
+    m = _TAIL_TOKEN_RE.search(tail)
+    if m is None:
+        return None
+    piece = m.group(1)
+    return piece if len(piece) < len(own) and own.startswith(piece) else None
+
+
+def token_rest_at_start(message: str, own: str, rests: frozenset[str] | set[str] = frozenset()) -> str | None:
+    """The rest of ``own`` that ``message`` begins with: one of ``rests`` (what earlier cut-short lines left of the
+    token), or any piece of the token's end of at least :data:`MIN_TOKEN_PIECE` characters. That is the second
+    piece of a line journald split inside its token (or a forgery of one). None: it does not begin so."""
+    for rest in rests:
+        if rest and message.startswith(rest):
+            return rest
+    if len(own) < MIN_TOKEN_PIECE:
+        return None
+    head = message[: len(own)]
+    end = own[-MIN_TOKEN_PIECE:]
+    at = head.find(end)
+    while at >= 0:
+        k = at + MIN_TOKEN_PIECE
+        if own.endswith(head[:k]):
+            return head[:k]
+        at = head.find(end, at + 1)
+    return None
 
 
 def _prefix_rank(parts: str | None) -> int | None:
@@ -327,9 +379,12 @@ def _underflows(text: str) -> bool:
     return mantissa.strip("0.") != ""
 
 
-def malformed_line(raw: str, problem: str) -> ParityLine:
-    """A marked text that could not be read as a line at all (a cut JSON entry, say): a malformed line."""
-    return _malformed(raw, None, [problem])
+def malformed_line(raw: str, problem: str, *, anyones: bool = False) -> ParityLine:
+    """A marked text that could not be read as a line at all (a cut JSON entry, say): a malformed line.
+    ``anyones``: it claims every token, as a message journalctl left out does (a piece of a message journald split:
+    the piece with the token may be another entry)."""
+    line = _malformed(raw, None, [problem])
+    return replace(line, hidden=True) if anyones else line
 
 
 def loose_token(text: str) -> str | None:

@@ -30,11 +30,12 @@ from typing import NamedTuple
 
 from ..errors import UsageError
 from ..inventory import GateSettings
-from ..journal.query import message_text
-from .decision import GateState, Judgement, LineVerdict, Verdict, json_float, judge, line_reason
+from ..journal.query import line_break, message_text
+from .decision import GateState, Judgement, LineVerdict, Verdict, json_float, judge, line_reason, split_piece_claimed
 from .lines import (
     JOURNAL_PREFIX_RE,
     MARKER,
+    MIN_TOKEN_PIECE,
     ParityLine,
     fast_fields,
     is_blob_placeholder,
@@ -63,6 +64,7 @@ class Entry(NamedTuple):
     boundary: bool = False  # a restart boundary: the start of a new invocation of the unit
     unreadable: bool = False  # a line of JSON input that is not an entry (judged as text; fail-closed)
     prefixed: bool = False  # a line of journalctl's short* output: its first journald prefix is the format's
+    split: str = ""  # JSON: the entry's _LINE_BREAK (journald cut the message; judged as a piece)
 
 
 # Restart boundaries. systemd[1] starting the unit: "Starting sglang-k26-ddtree.service - ...", "Started ...";
@@ -94,8 +96,10 @@ class JournalReader:
     starts with a journald prefix: then every line's first prefix is the format's and is not part of the message
     (``prefixed``); else each line is a bare message (``-o cat``), taken whole. A message journalctl did not print
     (``[N blob data]`` in text, ``"MESSAGE": null`` in JSON; without ``--all``) comes as ``lines.LEFT_OUT``, a FAIL.
-    ``token``, set by the checker, is the judged invocation's token: a text line holding it is handed on even
-    without the marker (the gate fails such a message)."""
+    ``token``, set by the checker, is the judged invocation's token: a text line holding it, or the last
+    :data:`~opsctl.gate.lines.MIN_TOKEN_PIECE` characters of it, or one of ``rests`` (what cut-short lines left of
+    it), is handed on even without the marker (the gate fails such a message, or the second piece of a line split
+    inside its token)."""
 
     def __init__(self, source: str = "input") -> None:
         self.source = source
@@ -105,6 +109,7 @@ class JournalReader:
         self.unreadable = 0  # JSON lines that did not parse (judged as text)
         self.left_out = 0  # messages journalctl did not print (JSON null, "[N blob data]"): each judged a FAIL
         self.token: str | None = None
+        self.rests: set[str] = set()  # the judged gate's cut_rests (the checker hands its set over)
         self._invocation = ""
 
     def _detect(self, first: bytes) -> InputFormat:
@@ -146,14 +151,16 @@ class JournalReader:
             prefixed = bool(self.prefixed)
             for number, line in enumerate(lines, base + 1):
                 if MARKER in line:
-                    yield _new_entry(Entry, (number, line, "", False, False, prefixed))  # Entry(...), minus a frame
+                    yield _new_entry(Entry, (number, line, "", False, False, prefixed, ""))  # Entry(...), minus a frame
                 elif (LAUNCH_START in line or "systemd[1]: Start" in line or line.startswith("-- ")) and (
                     _text_boundary(line)
                 ):
                     yield Entry(number, line, boundary=True, prefixed=prefixed)
                 elif " blob data]" in line and (placeholder := self._blob(line, prefixed)) is not None:
                     yield Entry(number, placeholder)
-                elif (token := self.token) is not None and token in line:
+                elif (token := self.token) is not None and (
+                    token[-MIN_TOKEN_PIECE:] in line or (self.rests and any(r in line for r in self.rests))
+                ):
                     yield Entry(number, line, "", False, False, prefixed)
 
     def _detect_prefix(self, lines: list[str]) -> None:
@@ -216,7 +223,7 @@ class JournalReader:
         boundary = (
             boundary or LAUNCH_START in message or (from_systemd and message.startswith(("Starting ", "Started ")))
         )
-        return Entry(number, message, invocation, boundary)
+        return Entry(number, message, invocation, boundary, split=line_break(doc))
 
 
 _new_entry = tuple.__new__
@@ -457,6 +464,7 @@ class _Checker:
         """Tell the reader the judged invocation's token (a text line holding it comes even without the marker)."""
         if self.reader is not None:
             self.reader.token = token
+            self.reader.rests = self.current.state.cut_rests
 
     def _new(self, index: int, first_line: int) -> Invocation:
         state = GateState(
@@ -489,7 +497,13 @@ class _Checker:
             cur.state.token, cur.token_fixed = token, True
             self._watch(token)
             return cur
-        if token is not None and token != cur.token:
+        if token is not None and cur.token is not None and token != cur.token and token.startswith(cur.token):
+            # The run's first line showed a token cut short (judged with it: a FAIL that stands); this is the whole.
+            cur.state.token = token
+            self._watch(token)
+            return cur
+        if token is not None and token != cur.token and not (cur.token or "").startswith(token):
+            # (a token cut short, a strict prefix of this one's, stays here: the gate fails it)
             self._start_new(number)
             return self._place(token, number)
         return cur  # the same token, or a line without one inside a token's run (ignored there)
@@ -498,6 +512,13 @@ class _Checker:
         """One entry by the full path (``check_entries`` offers it to :meth:`_late` first)."""
         number, message = entry.number, entry.message
         prefixed = entry.prefixed
+        cur = self.current
+        if entry.split and split_piece_claimed(cur.state, message):
+            # A piece of a message journald cut: never placed by the token it shows (it may show a cut one).
+            j = judge(cur.state, message, 0.0, journal_prefix=prefixed, split=entry.split)
+            assert j is not None
+            cur.add(number, j)
+            return
         marked = MARKER in message
         rec = parse_line(message, journal_prefix=prefixed) if marked else None
         if rec is None and marked and entry.unreadable:
@@ -514,9 +535,12 @@ class _Checker:
         if isinstance(rec, ParityLine):
             decided = cur.state.decided
             cur.add_line(number, rec, cur.state.feed(rec, 0.0), decided)  # judge_record's steps, reason on demand
-        elif (rec is None and marked) or (cur.token is not None and cur.token in message):
-            # The marker inside another message (IGNORED; a FAIL when it holds the token), or the token in a
-            # message without the marker (a FAIL): the gate's judge says which.
+        elif (rec is None and marked) or (
+            (own := cur.token) is not None and (own[-MIN_TOKEN_PIECE:] in message or cur.state.cut_rests)
+        ):
+            # The marker inside another message (IGNORED; a FAIL when it holds the token), the token in a message
+            # without the marker (a FAIL), or a message that begins with the rest of a token cut short (a FAIL):
+            # the gate's judge says which.
             j = judge(cur.state, message, 0.0, journal_prefix=prefixed)
             if j is not None:
                 cur.add(number, j)
@@ -531,7 +555,7 @@ class _Checker:
         counted by its verdict alone (``GateState.well_formed_verdict``, what ``feed`` would say), without a
         ParityLine. Most lines of a long journal come here. False: the full path must take it."""
         message = entry.message
-        if MARKER not in message or entry.unreadable:
+        if MARKER not in message or entry.unreadable or entry.split:
             return False
         fields = fast_fields(message, entry.prefixed)
         if fields is None:

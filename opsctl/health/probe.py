@@ -39,6 +39,7 @@ from ..hostdata.facts import SystemFacts, facts_command, parse_facts
 from ..hostdata.layout import Layout
 from ..inventory import CompareSettings, GateSettings, HostConfig
 from ..journal.query import mark_command, parse_mark, parse_poll, poll_command
+from ..lock.hostlock import describe_owner, json_object_or_none
 from ..release import Manifest
 from ..ssh.remote import Remote
 from .findings import (
@@ -209,21 +210,22 @@ def drift_from_probe(host: HostConfig, raw: Mapping[str, Any]) -> DriftFacts:
     return DriftFacts(release=raw.get("release"), manifest=manifest, actual=raw.get("hashes") or {})
 
 
-def judged_line(message: str, settings: GateSettings, token: str | None) -> ParityLine | None:
+def judged_line(message: str, settings: GateSettings, token: str | None, split: str = "") -> ParityLine | None:
     """One journal message read as the gate reads it (``gate.decision.judge``): its parity line; a message holding
     the invocation's ``token`` anywhere that is not a well-formed line (a parity line glued to another message, a
     marked line over the limit, a message journalctl left out) as a malformed line, which the checks fail; None
     for what the gate does not count (no parity at all, a shapes or fallback line, the marker inside another
-    message without the token). Pure: the gate judging it is a throwaway one."""
-    j = judge(GateState.every_line(settings, expected_ranks=None, token=token), message, 0.0)
+    message without the token; a piece of a message journald cut, ``split``, with no part of the token or the
+    marker). Pure: the gate judging it is a throwaway one."""
+    j = judge(GateState.every_line(settings, expected_ranks=None, token=token), message, 0.0, split=split)
     return None if j is None else j.line
 
 
 def parity_from_probe(raw: Mapping[str, Any], settings: GateSettings, token: str | None) -> tuple[ParitySample, ...]:
     """The invocation's marked journal messages that the gate counts (``judged_line``), with their journal time."""
     samples = []
-    for at, message in raw.get("parity_lines") or ():
-        line = judged_line(message, settings, token)
+    for at, message, *cut in raw.get("parity_lines") or ():
+        line = judged_line(message, settings, token, str(cut[0]) if cut else "")
         if line is not None:
             samples.append(ParitySample(at=float(at), line=line))
     return tuple(samples)
@@ -247,7 +249,8 @@ def lock_from_probe(
         owner_host=owner_host,
         owner_pid=owner_pid,
         owner_alive=alive,
-        owner_text=text[:500],
+        # Never the file itself: owner.json holds the owner's token.
+        owner_text=describe_owner(json_object_or_none(text)),
     )
 
 
@@ -308,7 +311,11 @@ def verify_probe(r: Remote, host: HostConfig, token: str | None) -> ProbeFacts:
         res = r.run(poll_command(host.unit, cursor), timeout=60, check=False)
         for entry in parse_poll(res.stdout)[1]:
             cursor = entry.cursor
-            line = judged_line(entry.message, host.gate, token) if entry.invocation == mark.old_invocation else None
+            line = (
+                judged_line(entry.message, host.gate, token, entry.line_break)
+                if entry.invocation == mark.old_invocation
+                else None
+            )
             if line is not None:
                 lines.append(line)
         ranks = {line.rank for line in lines}

@@ -121,14 +121,15 @@ def journal_argv(unit: str, invocation: str, window_s: float) -> list[str]:
         "-o",
         "json",
         "--all",  # without it a message of 4096 bytes or more comes as null: a long parity line never seen
-        "--output-fields=MESSAGE",
+        "--output-fields=MESSAGE,_LINE_BREAK",  # a message journald cut: judged as a piece (gate.decision.judge)
         "--no-pager",
         "-q",
     ]
 
 
 def parity_lines(journal_json: str, marker: str, max_lines: int) -> list[list[Any]]:
-    """journalctl's JSON lines -> the last ``max_lines`` [epoch seconds, message] whose message holds ``marker``.
+    """journalctl's JSON lines -> the last ``max_lines`` [epoch seconds, message] whose message holds ``marker``, and
+    every message journald cut (``_LINE_BREAK``: [epoch seconds, message, why], the reader judges the piece).
     A line that is not JSON is skipped; a message journald stored as bytes (a list of ints) is decoded; a MESSAGE
     that is null (journalctl left it out) is :data:`LEFT_OUT`, kept and failed by the reader, never skipped."""
     lines: list[list[Any]] = []
@@ -145,8 +146,10 @@ def parity_lines(journal_json: str, marker: str, max_lines: int) -> list[list[An
             m = bytes(m).decode("utf-8", "replace")
         elif not isinstance(m, str):
             m = f"{LEFT_OUT}: MESSAGE {'null' if m is None else 'not text'} in journalctl's JSON"
-        if isinstance(m, str) and marker in m:
-            lines.append([int(e.get("__REALTIME_TIMESTAMP", "0")) / 1e6, m])
+        cut = e.get("_LINE_BREAK")
+        if isinstance(m, str) and (marker in m or cut is not None):
+            at = int(e.get("__REALTIME_TIMESTAMP", "0")) / 1e6
+            lines.append([at, m] if cut is None else [at, m, cut if isinstance(cut, str) and cut else "?"])
     return lines[-max_lines:]
 
 

@@ -21,7 +21,9 @@ from ..hostdata.facts import UnitObservation, parse_systemctl_show, unit_show_co
 from ..unit.systemctl import service
 
 SEPARATOR = "--- opsctl journal ---"
-ENTRY_FIELDS = "MESSAGE,_SYSTEMD_INVOCATION_ID,__REALTIME_TIMESTAMP"
+# _LINE_BREAK: set by journald on a message it cut (at LineMax, 48K by default; at EOF, a PID change or a NUL):
+# such a piece of a parity line is judged as one (gate.decision.judge's ``split``).
+ENTRY_FIELDS = "MESSAGE,_SYSTEMD_INVOCATION_ID,__REALTIME_TIMESTAMP,_LINE_BREAK"
 # A JSON entry whose MESSAGE is a byte array (not printable UTF-8) or null: text grep cannot search for the marker.
 KEEP_UNDECODED = r'"MESSAGE" ?: ?(\[|null)'
 POLL_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "InvocationID", "Result")
@@ -82,6 +84,7 @@ class Entry:
     message: str
     invocation: str
     realtime_us: int
+    line_break: str = ""  # _LINE_BREAK: why journald cut this message ("" when it did not)
 
 
 def parse_mark(stdout: str) -> Mark:
@@ -108,6 +111,15 @@ def message_text(value: Any) -> str:
     return f"{LEFT_OUT}: MESSAGE {shown} in journalctl's JSON"
 
 
+def line_break(doc: dict[str, Any]) -> str:
+    """A JSON entry's ``_LINE_BREAK`` as text ("" when journald did not cut the message). Any value counts, even
+    one that is not a string: the piece is judged as a cut one."""
+    value = doc.get("_LINE_BREAK")
+    if value is None:
+        return ""
+    return value if isinstance(value, str) and value else "?"
+
+
 def parse_entries(text: str) -> list[Entry]:
     out = []
     # One entry per \n-terminated line: journalctl prints U+2028, U+2029 raw inside a JSON string, and
@@ -129,6 +141,7 @@ def parse_entries(text: str) -> list[Entry]:
                 message=message_text(doc.get("MESSAGE", "")),
                 invocation=str(doc.get("_SYSTEMD_INVOCATION_ID", "")),
                 realtime_us=int(doc.get("__REALTIME_TIMESTAMP") or 0),
+                line_break=line_break(doc),
             )
         )
     return out

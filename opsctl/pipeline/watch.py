@@ -77,11 +77,11 @@ def _probe_times(doc: dict[str, object]) -> str:
     return text + (f", verdict {verdict:.1f}s after ready" if isinstance(verdict, float | int) else "")
 
 
-def feed_line(state: GateState, message: str, now: float, reporter: Reporter) -> LineVerdict | None:
+def feed_line(state: GateState, message: str, now: float, reporter: Reporter, *, split: str = "") -> LineVerdict | None:
     """One journal message into the gate, reported: parity lines with their verdict; a line that is not evidence
     (wrong or missing token, or the marker inside another message) once, with the reason, never counted. Lines
     after the decision (the rest of the poll's batch) are not reported: they count for nothing."""
-    j = judge(state, message, now)
+    j = judge(state, message, now, split=split)
     if j is None:
         return None
     if j.after_decision:
@@ -182,9 +182,11 @@ def run_gate(
     deadline_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    seen_invocations: list[str] | None = None,
 ) -> GateState:
     """Poll the unit and its new invocation's journal until the gate decides; with the probe, wait for the
-    server's readiness and send probe waves in between (docs/gate.md)."""
+    server's readiness and send probe waves in between (docs/gate.md). ``seen_invocations``, when given, receives
+    the unit's new InvocationIDs the gate saw, oldest first (the last one is what a PASS vouches for)."""
     settings = host.gate
     state = GateState(
         settings=settings,
@@ -224,7 +226,7 @@ def run_gate(
                 state.probe_wave(wave, clock())
                 driver.report(wave)
             for entry in entries:
-                feed_line(state, entry.message, clock(), reporter)
+                feed_line(state, entry.message, clock(), reporter, split=entry.line_break)
         except SshError as e:
             session.drop()
             state.ssh_failed(e.message, now)
@@ -239,6 +241,8 @@ def run_gate(
         # After SSH errors back off (1, 2, 4 .. x the poll interval, at most 15 s) so a short outage is ridden out.
         backoff = 2 ** (state.ssh_failures_in_a_row - 1) if state.ssh_failures_in_a_row else 1
         sleep(min(settings.poll_interval_s * backoff, max(15.0, settings.poll_interval_s)))
+    if seen_invocations is not None:
+        seen_invocations.extend(follower.invocations)
     probe_doc = state.probe_summary()
     if probe_doc is not None:
         reporter.info(f"probe: {describe_tally(probe_doc)}{_probe_times(probe_doc)}")
