@@ -23,7 +23,9 @@ TREE_KINDS = ("tree", "chain", "star")
 # Verify steps sampled densely after the process starts: 8 steps x 3 layers = 24 lines per rank, far more than
 # the gate's consecutive_passes (3 by default), so a verdict needs only the first few steps of traffic.
 DEFAULT_BURST_STEPS = 8
-STANDIN_FAULTS = ("nan", "rel-offset", "silent-rank", "crash-at-load", "http-500", "slow", "common-mode")
+STANDIN_FAULTS = (
+    "nan", "rel-offset", "silent-rank", "crash-at-load", "http-500", "slow", "common-mode", "split-line",
+)  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -51,7 +53,7 @@ class ParityConfig:
 @dataclass(frozen=True)
 class StandinFault:
     """A failure the testbed's stand-in server injects (docs/testbed.md): ``kind`` one of STANDIN_FAULTS,
-    ``value`` the offset of rel-offset, the rank of silent-rank or the factor of slow."""
+    ``value`` the offset of rel-offset, the rank of silent-rank or split-line, or the factor of slow."""
 
     kind: str
     value: float = 0.0
@@ -73,13 +75,13 @@ class StandinFault:
             if not 1.0 <= factor <= 100.0:
                 raise ConfigError(f"{name} {raw!r}: the factor must be in 1..100")
             return StandinFault(kind, factor)
-        if kind in ("rel-offset", "silent-rank"):
+        if kind in ("rel-offset", "silent-rank", "split-line"):
             try:
                 value = float(arg) if kind == "rel-offset" else float(int(arg))
             except ValueError:
                 what = "a number, e.g. rel-offset:0.5" if kind == "rel-offset" else "a rank, e.g. silent-rank:1"
                 raise ConfigError(f"{name} {raw!r}: {kind} needs {what}") from None
-            if kind == "silent-rank" and value < 0:
+            if kind != "rel-offset" and value < 0:
                 raise ConfigError(f"{name} {raw!r}: the rank must be >= 0")
             return StandinFault(kind, value)
         if arg:

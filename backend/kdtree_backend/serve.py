@@ -20,7 +20,8 @@ backend's real verify path on CPU and print the server's ``[kdtree]`` lines (doc
   but ``/health`` and ``/metrics``, as SGLang's ``--api-key`` does.
 * Every line it prints is one write of the whole line (:func:`kdtree_backend.lines.write_line`): a served-request
   line and a parity line from another thread never reach journald glued into one message.
-* ``standin.fault`` in deploy/kdtree.json injects a failure: nan, rel-offset:X, silent-rank:R, crash-at-load,
+* ``standin.fault`` in deploy/kdtree.json injects a failure: nan, rel-offset:X, silent-rank:R, split-line:R (rank
+  R's first parity line fails, padded so that journald cuts it inside its token), crash-at-load,
   http-500, slow:F (every verify step F times as long), common-mode (a wrong ``sm_scale`` in the verify metadata,
   read by the kernel path and the reference alike: parity passes, the answers change). ``standin.load_delay_s``
   is the load delay (``--load-delay`` wins).
@@ -43,7 +44,7 @@ from typing import Any
 import torch
 
 from .config import ConfigError, KdtreeConfig, ParityConfig, StandinFault, load_config
-from .lines import OncePer, format_fallback, write_line
+from .lines import OncePer, emit, format_fallback, write_line
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import LoadCounters
 from .replay import DTYPES, ReplayService, ReplaySettings, resolve_device, stop_on_signals
@@ -58,6 +59,7 @@ from .standin import (
     completion_response,
     detokenize,
     error_body,
+    fault_line,
     fault_parity,
     generate_item,
     parse_completions,
@@ -99,12 +101,14 @@ class Scheduler:
         )  # fmt: skip
         self.usable, self.fallback_reason = kernel_usable(device)
         fault = config.standin.fault
+        split_seen: set[int] = set()  # split-line: the ranks whose line was cut already
         self.service = ReplayService(
             settings,
             device,
             use_kernel=self.usable,
             capture=True,
             parity_filter=lambda rank, stats: fault_parity(fault, rank, stats),
+            sink=lambda line: emit(fault_line(fault, line, split_seen)),
         )
         self.decoder = SpeculativeDecoder(
             self.service,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import StandinFault
+from .wire import MARKER
 
 SGLANG_VERSION = "0.5.23"
 VOCAB = 32000
@@ -241,6 +242,28 @@ def sse(data: Mapping[str, Any] | str) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------------- faults
+
+
+LINE_MAX = 48 * 1024  # journald's default LineMax: a longer stdout line is cut into entries of this many bytes
+SPLIT_AT_TOKEN = 16  # split-line: how many of the token's characters the first piece keeps
+
+
+def fault_line(fault: StandinFault | None, line: str, seen: set[int]) -> str:
+    """The line the stand-in prints for ``line`` under ``fault``. split-line:R: rank R's first parity line fails
+    (rel=5.0e-01) and is padded so that journald's LineMax cut falls :data:`SPLIT_AT_TOKEN` characters into its
+    token (the first piece ends ``token=<16 characters>``, the next begins with the rest), once per process."""
+    if fault is None or fault.kind != "split-line" or not line.startswith(MARKER + " L"):
+        return line
+    rank = int(fault.value)
+    head, sep, token = line.partition(f" tp={rank} token=")
+    if not sep or rank in seen:
+        return line
+    seen.add(rank)
+    layer = head.split(" ", 2)[1]
+    failing = f"{MARKER} {layer} max_abs_diff=5.0000e-01 mean=1.0000e-01 rel=5.0000e-01 pad="
+    tail = f" tp={rank} token="
+    pad = LINE_MAX - len(failing) - len(tail) - SPLIT_AT_TOKEN
+    return failing + "y" * pad + tail + token
 
 
 def fault_parity(

@@ -18,6 +18,8 @@ from opsctl.health.probe_on_host import parity_lines
 from opsctl.inventory import GateSettings
 from opsctl.journal.query import parse_entries
 
+standin = pytest.importorskip("kdtree_backend.standin", reason="the backend's stand-in needs torch")
+
 TOKEN = "0123456789abcdef0123456789abcdef"
 LINE_MAX = 48 * 1024
 S = GateSettings()
@@ -147,3 +149,19 @@ def test_property_a_failing_line_split_anywhere_near_its_token_never_passes(
     lines = as_json(entries) if json_form else as_text(entries)
     check = check_journal(lines, S, tp=2, token=TOKEN if given_token else None)
     assert check.verdict is not Verdict.PASS, (cut, json_form, given_token)
+
+
+def test_the_standins_split_line_fault_is_cut_inside_its_token_and_fails() -> None:
+    """standin.fault split-line:1 (the testbed's hostile release): rank 1's first line, cut at LineMax, leaves
+    16 of the token's characters in the first piece; rank 0's and later lines are untouched."""
+    fault = standin.StandinFault("split-line", 1)
+    seen: set[int] = set()
+    line = standin.fault_line(fault, good(0, 1), seen)
+    assert standin.fault_line(fault, good(30, 1), seen) == good(30, 1)
+    assert standin.fault_line(fault, good(0, 0), set()) == good(0, 0)
+    first, rest = pieces(line)
+    assert first.endswith("token=" + TOKEN[:16]) and rest == TOKEN[16:]
+    entries = [(good(layer, 0), False) for layer in (0, 30, 60)] + [(first, True), (rest, False)]
+    entries += [(good(layer, 1), False) for layer in (0, 30, 60)]
+    for lines in (as_json(entries), as_text(entries)):
+        assert check_journal(lines, S, tp=2, token=TOKEN).verdict is Verdict.FAIL
