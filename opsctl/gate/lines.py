@@ -69,9 +69,8 @@ _TUPLE_RE = re.compile(r"\((?:(?:0|[1-9][0-9]{0,17}),(?: (?:0|[1-9][0-9]{0,17}),
 _WORD_RE = re.compile(r"[!-~]+", re.ASCII)  # any other value: printable ASCII, no space
 _LOOSE_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_])token=([A-Za-z0-9_-]+)", re.ASCII)
 # A message that ends inside its ``token=`` value (or right after the ``=``): what is left of a line journald cut at
-# LineMax, or a line truncated anywhere else. Searched in the message's last characters only.
-_TAIL_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_])token=([A-Za-z0-9_-]{0,128})\Z", re.ASCII)
-_TAIL_CHARS = len("token=") + 129
+# LineMax, or a line truncated anywhere else. Looked for in the message's last characters only.
+_TAIL_CHARS = len("token=") + 128
 # The shortest piece of a token that, found alone at a message's edge, is taken for a piece of it: 8 of a token's
 # characters (hex: 32 bits) at the start of an unrelated message happen about once in four billion.
 MIN_TOKEN_PIECE = 8
@@ -290,14 +289,15 @@ def claims_token(own: str, token: str | None, raw: str) -> bool:
 def cut_token(raw: str, own: str) -> str | None:
     """The piece of ``own`` a message ends with when it ends inside its ``token=`` value: a strict prefix of
     ``own``, empty when the message ends right after ``token=``. None when the message does not end so."""
-    tail = raw[-_TAIL_CHARS:]
-    if "token=" not in tail:
+    at = raw.rfind("token=", max(0, len(raw) - _TAIL_CHARS))
+    if at < 0:
         return None
-    m = _TAIL_TOKEN_RE.search(tail)
-    if m is None:
+    piece = raw[at + 6 :]
+    # (most lines end with a whole token, their own or another run's: the length alone says no)
+    if len(piece) >= len(own) or not own.startswith(piece):
         return None
-    piece = m.group(1)
-    return piece if len(piece) < len(own) and own.startswith(piece) else None
+    before = raw[at - 1] if at else " "
+    return None if before.isalnum() or before == "_" else piece
 
 
 def token_rest_at_start(message: str, own: str, rests: frozenset[str] | set[str] = frozenset()) -> str | None:
