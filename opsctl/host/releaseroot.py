@@ -92,6 +92,25 @@ def verify_checksums_command(release_dir: str) -> str:
     return f"cd {shlex.quote(release_dir)} && sha256sum --quiet --strict -c -"
 
 
+_CHECK_FAILED = re.compile(r"^(\\?)(.*): FAILED( open or read)?$")
+
+
+def parse_checksum_failures(stdout: str) -> list[str]:
+    """The files :func:`verify_checksums_command` found wrong (content differs, or missing/unreadable), in its
+    order. sha256sum marks a name holding a backslash or newline with a leading backslash and escapes them. Pure."""
+    failed = []
+    for line in stdout.split("\n"):
+        m = _CHECK_FAILED.match(line)
+        if m:
+            name = m.group(2)
+            if m.group(1):
+                name = re.sub(r"\\(.)", lambda e: "\n" if e.group(1) == "n" else e.group(1), name)
+            failed.append(name)
+    return failed
+
+
+
+
 def release_meta_command(layout: Layout) -> str:
     """Per release: ``== <id>`` then its manifest's created_at, commit and dirty lines."""
     fields = "; ".join(f'grep -m1 \'"{k}"\' "$d/manifest.json" 2>/dev/null' for k in ("created_at", "commit", "dirty"))

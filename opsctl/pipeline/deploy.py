@@ -12,13 +12,14 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ..errors import DeployFailed, GateFailed, LockHeld
+from ..errors import CommandFailed, DeployFailed, GateFailed, LockHeld
 from ..host import history as host_history
 from ..host import releaseroot
 from ..inventory import HostConfig
 from ..lock import hostlock
 from ..release import Manifest, make_manifest, stage
 from ..ssh.session import Connect, DeployRemote, default_connect
+from ..ssh.transfer import RsyncStats
 from ..unit import unitfile
 from . import prerestart as checks
 from .comparison import ComparisonState, baseline_step, comparison_step
@@ -86,14 +87,19 @@ def _start_record(manifest: Manifest) -> Step:
     return Step("record start", run_, shown=False)
 
 
+def _send(run: Run, src: Path, manifest: Manifest, link_dest: str | None) -> RsyncStats:
+    """rsync the staged release into its directory on the host. rsync compares content (``--checksum``,
+    opsctl/ssh/transfer.py): a file is linked from ``link_dest``, or left as the host has it, only when it holds
+    the manifest's bytes, whatever its size and mtime (issue 47)."""
+    with tempfile.TemporaryDirectory(prefix="opsctl-bundle-") as tmp:
+        staged = stage(src, manifest, Path(tmp) / manifest.id)
+        return run.r.rsync(staged, run.layout.release(manifest.id), link_dest=link_dest, timeout=1800)
+
+
 def _upload(src: Path, manifest: Manifest) -> Step:
     def run_(run: Run) -> str:
         plan = run.result.plan
-        with tempfile.TemporaryDirectory(prefix="opsctl-bundle-") as tmp:
-            staged = stage(src, manifest, Path(tmp) / manifest.id)
-            stats = run.r.rsync(
-                staged, run.layout.release(manifest.id), link_dest=plan.link_dest if plan else None, timeout=1800
-            )
+        stats = _send(run, src, manifest, plan.link_dest if plan else None)
         run.result.bytes_sent = stats.bytes_sent
         # Counted as verify counts them (the release's files; manifest.json travels beside them), so the two
         # steps' numbers agree; rsync sends only what the previous release (--link-dest) does not already hold.
@@ -105,14 +111,48 @@ def _upload(src: Path, manifest: Manifest) -> Step:
     return Step("upload", run_, detail=lambda run: run.layout.release(manifest.id))
 
 
-def _verify(manifest: Manifest) -> Step:
+def _mismatched(run: Run, manifest: Manifest) -> list[str]:
+    """The release's files on the host that do not match the manifest's sha256 (missing ones included)."""
+    command = releaseroot.verify_checksums_command(run.layout.release(manifest.id))
+    res = run.r.run(command, stdin=manifest.checklist(), timeout=300, check=False)
+    failed = releaseroot.parse_checksum_failures(res.stdout)
+    if res.rc != 0 and not failed:  # sha256sum itself failed (no directory, no sha256sum): not a mismatch
+        raise CommandFailed(run.host.name, command, res.rc, res.stderr[-400:])
+    return failed
+
+
+def _listed(files: list[str], most: int = 5) -> str:
+    """File names for a message: at most ``most``, each escaped unless printable (a name is the tree's text)."""
+    shown = ", ".join(f if f.isprintable() else repr(f) for f in files[:most])
+    return shown + (f" and {len(files) - most} more" if len(files) > most else "")
+
+
+def _verify(src: Path, manifest: Manifest) -> Step:
+    """Every file against the manifest's sha256. What does not match is uploaded again once (rsync compares
+    content, so only those files go, none linked) and checked again; a second mismatch fails the deploy, naming the
+    files. A later deploy's upload sends them again too: rsync never keeps a file for its size and mtime alone."""
+
     def run_(run: Run) -> str:
         release_dir = run.layout.release(manifest.id)
-        run.r.run(releaseroot.verify_checksums_command(release_dir), stdin=manifest.checklist(), timeout=300)
+        again = ""
+        mismatched = _mismatched(run, manifest)
+        if mismatched:
+            run.reporter.info(
+                f"verify: {len(mismatched)} file(s) differ from the manifest ({_listed(mismatched)}): uploading again"
+            )
+            _send(run, src, manifest, link_dest=None)
+            still = _mismatched(run, manifest)
+            if still:
+                raise DeployFailed(
+                    f"{run.host.name}: {len(still)} file(s) in {release_dir} still differ from the manifest after "
+                    f"the upload and one retry: {_listed(still)}. Something on the host changes them (its disk, "
+                    "a process writing there); nothing was switched"
+                )
+            again = f"; {len(mismatched)} uploaded again after a mismatch ({_listed(mismatched, 3)})"
         remote = Manifest.from_json(run.r.read_file(f"{release_dir}/manifest.json"))
         if remote.id != manifest.id:
             raise DeployFailed(f"manifest on the host names {remote.id}, expected {manifest.id}")
-        return f"{len(manifest.files)} files + manifest match"
+        return f"{len(manifest.files)} files + manifest match{again}"
 
     return Step("verify", run_)
 
@@ -209,7 +249,7 @@ def deploy_steps(src: Path, manifest: Manifest, command: str = "deploy") -> list
         lock_step(lambda run: f"{command} {manifest.id}"),
         _start_record(manifest),
         _upload(src, manifest),
-        _verify(manifest),
+        _verify(src, manifest),
         _build(manifest),
         _parity(manifest),
         _store_unit(src, manifest),

@@ -71,8 +71,14 @@ def rsync_argv(
     exclude: Sequence[str],
     sudo: bool,
 ) -> list[str]:
-    """The rsync command line. Pure: tested without a host."""
-    argv = ["rsync", "-a", "--stats", "-e", shlex.join(openssh_command(ep))]
+    """The rsync command line. Pure: tested without a host.
+
+    ``--checksum``: a file counts as unchanged (linked from ``link_dest``, or left alone where the destination
+    already holds it) only when its content matches, not its size and modification time alone (rsync's quick
+    check). A file changed within the same second at the same size was otherwise never sent, and every retry
+    after the verify step's mismatch skipped it again (issue 47). It costs one read of the files on both sides.
+    """
+    argv = ["rsync", "-a", "--checksum", "--stats", "-e", shlex.join(openssh_command(ep))]
     if sudo:
         argv.append("--rsync-path=sudo -n rsync")
     if link_dest:

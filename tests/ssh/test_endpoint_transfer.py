@@ -82,6 +82,8 @@ def test_rsync_argv() -> None:
     ep = resolve_endpoint(parse(INV).hosts["plain"], _cfg())
     argv = rsync_argv(ep, Path("/src"), "/root/x/", "/root/prev", True, ["*.pyc", "build/"], sudo=True)
     assert argv[0] == "rsync" and "-a" in argv and "--stats" in argv
+    # Unchanged means the same content, not the same size and mtime (issue 47): for --link-dest and the destination.
+    assert "--checksum" in argv
     assert "--link-dest=/root/prev" in argv and "--delete" in argv
     assert "--exclude=*.pyc" in argv and "--exclude=build/" in argv
     assert "--rsync-path=sudo -n rsync" in argv
