@@ -164,3 +164,32 @@ def _gpu(line: str) -> Gpu:
     """``NVIDIA H200, 9.0`` -> Gpu; the capability is after the last comma (a name may hold commas)."""
     name, _, cap = line.rpartition(",")
     return Gpu(name=name.strip() or cap.strip(), compute_cap=cap.strip() if name else None)
+
+
+# What ``environment_file_command`` says of a file, and the words a refusal uses for each.
+_FILE_STATES = {
+    "ok": "",
+    "missing": "does not exist",
+    "not-file": "is not a regular file",
+    "unreadable": "is not readable",
+}
+
+
+def environment_file_command(path: str) -> str:
+    """Whether the file a unit's ``EnvironmentFile=`` names is there for systemd to read: one line,
+    ``env_file=ok|missing|not-file|unreadable``. Symlinks are followed as systemd follows them (a dangling one is
+    missing). Read-only; run as the deploy's user (root, or through sudo), close to systemd's own view."""
+    p = shlex.quote(path)
+    return (
+        f"if [ ! -e {p} ]; then echo env_file=missing; elif [ ! -f {p} ]; then echo env_file=not-file; "
+        f"elif [ ! -r {p} ]; then echo env_file=unreadable; else echo env_file=ok; fi"
+    )
+
+
+def environment_file_problem(stdout: str) -> str | None:
+    """:func:`environment_file_command`'s output -> None when the file is there and readable, else what is wrong in
+    words (``does not exist``, ...). No answer at all is a problem too: this check guards the API key."""
+    state = dict(key_values(stdout)).get("env_file", "").strip()
+    if state not in _FILE_STATES:
+        return f"could not be checked (the host answered {stdout.strip()[:80]!r})"
+    return _FILE_STATES[state] or None

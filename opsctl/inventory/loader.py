@@ -132,7 +132,7 @@ def parse(text: str, path: Path | str = DEFAULT_FILE) -> Inventory:
         merged = _deep_merge(doc.defaults, fields)
         merged["name"] = name
         try:
-            hosts[name] = HostConfig.model_validate(merged)
+            hosts[name] = HostConfig.model_validate(merged).located(str(path), lines)
         except ValidationError as e:
             raise inventory_error(path, lines, e, ("hosts", name), defaults_fields=set(doc.defaults)) from None
 

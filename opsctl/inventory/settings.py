@@ -12,6 +12,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_serializer,
     field_validator,
@@ -34,6 +35,7 @@ from .fields import (
     no_control_characters,
     redacted_command,
 )
+from .yamlsource import LineMap
 
 
 class Strict(BaseModel):
@@ -231,6 +233,10 @@ class ServiceSettings(Strict):
     speculative_num_draft_tokens: int = Field(9, ge=1, le=128)
     extra_args: list[ShellArg] = Field(default_factory=list)
     environment_file: RemotePath | None = None
+    # Off (the default): the file must exist and be readable on the host. A deploy's preflight refuses a host where
+    # it is not, and the unit reads it without systemd's '-', so a missing file fails the start instead of serving
+    # with no API key (issue 47: a typo in the path turned the key off). On: the unit ignores a missing file.
+    environment_file_optional: bool = Field(False, strict=True)
     replay_args: list[ShellArg] = Field(default_factory=list)
     standin_args: list[ShellArg] = Field(default_factory=list)  # e.g. ["--load-delay", "3"]
     start_timeout_s: int = Field(1800, ge=10)
@@ -284,6 +290,26 @@ class HostConfig(Strict):
     gate: GateSettings = Field(default_factory=GateSettings)
     service: ServiceSettings = Field(default_factory=ServiceSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    # The inventory file and the line of each of its keys (set by the loader; None for a host built in code): a
+    # message about a setting checked on the host names where it is written (`where`).
+    _source: tuple[str, LineMap] | None = PrivateAttr(default=None)
+
+    def located(self, path: str, lines: LineMap) -> HostConfig:
+        """This host, knowing that it was read from ``path`` whose keys are on ``lines`` (the loader's)."""
+        self._source = (path, lines)
+        return self
+
+    def where(self, *field: str) -> str:
+        """``inventory.yaml:14: hosts.ct200.service.environment_file``: the file, line and dotted key where
+        ``field`` is written (on the host, else in ``defaults``); the dotted key alone when not known."""
+        own = ("hosts", self.name, *field)
+        if self._source is None:
+            return ".".join(own)
+        path, lines = self._source
+        for key in (own, ("defaults", *field)):
+            if key in lines:
+                return f"{path}:{lines[key]}: {'.'.join(key)}"
+        return f"{path}: {'.'.join(own)}"
 
     @model_validator(mode="after")
     def _reachable(self) -> HostConfig:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import CommandFailed, DeployFailed, GateFailed, LockHeld
 from ..host import history as host_history
 from ..host import releaseroot
+from ..hostdata import facts
 from ..inventory import HostConfig
 from ..lock import hostlock
 from ..release import Manifest, make_manifest, stage
@@ -30,6 +31,25 @@ from .rollback import undo_restart
 from .runner import Concluded, Rejected, Run, Step, execute, lock_step
 from .signals import interruptible
 from .steps import gate_or_reject_step, restart_step, snapshot, switch_step, unit_step
+
+
+def _environment_file_refusal(run: Run) -> str | None:
+    """Why the unit could not read its ``service.environment_file`` on the host (None: it can, or the inventory says
+    the file is optional). The unit reads the API key from it; a typo in the path once served with no key, the
+    deploy passing (issue 47). Checked before anything is uploaded, so a refused deploy leaves no trace."""
+    host = run.host
+    path = host.service.environment_file
+    if not path or host.service.environment_file_optional:
+        return None
+    res = run.r.run(facts.environment_file_command(path), timeout=60, check=False)
+    problem = facts.environment_file_problem(res.stdout)
+    if problem is None:
+        return None
+    return (
+        f"{host.where('service', 'environment_file')}: {path} {problem} on {host.name}, and the unit reads the "
+        "API key from it (without it the server would answer with no key). Fix the path or create the file on "
+        "the host; or, if the server may run without it, set service.environment_file_optional: true"
+    )
 
 
 def _preflight(manifest: Manifest) -> Step:
@@ -50,10 +70,11 @@ def _preflight(manifest: Manifest) -> Step:
                 f"{host.name}: the deploy lock is held by {hostlock.describe_owner(snap.lock_owner)}. Wait for it, or if "
                 f"that run is gone: opsctl lock {host.name} release --force"
             )
-        if plan.refusal:
+        refusal = plan.refusal or _environment_file_refusal(run)
+        if refusal:
             if opts.dry_run:
-                raise Concluded(DeployVerdict.REFUSED, plan.refusal, detail)
-            raise DeployFailed(plan.refusal)
+                raise Concluded(DeployVerdict.REFUSED, refusal, detail)
+            raise DeployFailed(refusal)
         if plan.up_to_date:
             raise Concluded(
                 DeployVerdict.UP_TO_DATE,
@@ -213,6 +234,7 @@ def _record_pass(manifest: Manifest) -> Step:
                 verdict=DeployVerdict.PASS,
                 gate=run.result.gate,
                 comparison=run.result.comparison,
+                invocation=run.gated_invocation,
             )
         )
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "UnitSettingsLost",
+    "environment_file_line",
     "exec_argv",
     "install",
     "install_for_release",
@@ -115,6 +116,16 @@ def exec_argv(host: HostConfig) -> list[str]:
     ]
 
 
+def environment_file_line(host: HostConfig) -> str | None:
+    """The unit's ``EnvironmentFile=`` for ``service.environment_file`` (None without one). systemd's '-' (ignore
+    a missing file) only when the inventory says the file is optional: otherwise a missing key file fails the start
+    (a failed unit) instead of serving without the API key (issue 47)."""
+    svc = host.service
+    if not svc.environment_file:
+        return None
+    return f"EnvironmentFile={'-' if svc.environment_file_optional else ''}{systemd_value(svc.environment_file)}"
+
+
 def render(template: str, host: HostConfig) -> str:
     """The unit file for ``host``. Every placeholder must be known (a typo in the template fails loudly)."""
     svc = host.service
@@ -132,9 +143,7 @@ def render(template: str, host: HostConfig) -> str:
         "ROOT": systemd_value(host.root),
         "USER": systemd_value(host.user),
         "UNIT": systemd_value(host.unit),
-        "ENVIRONMENT_FILE": f"EnvironmentFile=-{systemd_value(svc.environment_file)}"
-        if svc.environment_file
-        else "# no EnvironmentFile in inventory",
+        "ENVIRONMENT_FILE": environment_file_line(host) or "# no EnvironmentFile in inventory",
         "EXEC_START": " ".join(systemd_word(a) for a in exec_argv(host)),
         "RESTART_SEC": "10" if svc.mode == "sglang" else "1",
         "START_TIMEOUT": str(svc.start_timeout_s),
@@ -210,9 +219,11 @@ def lost_settings(host: HostConfig, running: str | None, target: str, template: 
         lost += [what for key, what in SETTING_PLACEHOLDERS.items() if f"@@{key}@@" not in template]
     env_file = host.service.environment_file
     if env_file and running is not None:
-        line = f"EnvironmentFile=-{systemd_value(env_file)}"
-        if line in _settings(running) and line not in _settings(target):
-            lost.append(line)
+        # Either form reads the file (with '-', or without it since issue 47); a unit with neither drops it.
+        forms = {f"EnvironmentFile={dash}{systemd_value(env_file)}" for dash in ("-", "")}
+        had = sorted(forms & _settings(running))
+        if had and not forms & _settings(target):
+            lost.append(had[0])
     return lost
 
 

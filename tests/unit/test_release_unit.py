@@ -19,7 +19,7 @@ from tests.pipeline.localremote import LocalRemote
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = (REPO / TEMPLATE_REL).read_text()
 ENV_FILE = "/etc/kdtree-engine/sglang.env"
-ENV_LINE = f"EnvironmentFile=-{ENV_FILE}"
+ENV_LINE = f"EnvironmentFile={ENV_FILE}"  # no '-': the file is not optional (issue 47)
 OLD = "r00000000000b"
 
 
@@ -66,6 +66,9 @@ def test_release_zero_keeps_its_hand_made_unit_unless_it_loses_the_environment_f
     assert ENV_LINE in e.value.message and "hand-made unit.service" in e.value.message
     with_env = HAND_MADE + f"{ENV_LINE}\n"
     assert release_unit_text(today, "r0-000000000000", None, with_env, running) == with_env
+    # A hand-made unit that reads it with systemd's '-' keeps it too.
+    optional = HAND_MADE + f"EnvironmentFile=-{ENV_FILE}\n"
+    assert release_unit_text(today, "r0-000000000000", None, optional, running) == optional
     # The running unit without it (the inventory's file not in the unit yet): nothing is lost.
     assert release_unit_text(today, "r0-000000000000", None, HAND_MADE, HAND_MADE) == HAND_MADE
     # Today's inventory without an environment_file: dropping it is the operator's own change.

@@ -38,7 +38,8 @@ def test_gpu_unit_contents() -> None:
     assert "Environment=PYTHONPATH=/srv/kdtree-engine/current/kernel:/srv/kdtree-engine/current/backend\n" in text
     assert "Environment=PYTHONUNBUFFERED=1\n" in text
     assert "Environment=KDTREE_CONFIG=/srv/kdtree-engine/current/deploy/kdtree.json\n" in text
-    assert "EnvironmentFile=-/etc/kdtree-engine/sglang.env\n" in text
+    # Without systemd's '-': a missing key file fails the start rather than serving with no key (issue 47).
+    assert "EnvironmentFile=/etc/kdtree-engine/sglang.env\n" in text
     assert "LogRateLimitIntervalSec=0\n" in text and "TimeoutStartSec=1500\n" in text
     assert "Restart=on-failure\n" in text and "DeviceAllow=char-nvidia-frontend rw" in text
 
@@ -135,7 +136,7 @@ def test_percent_in_inventory_values_is_escaped_for_systemd() -> None:
     text = render(TEMPLATE, percent_host())
     assert "WorkingDirectory=/srv/kd%%n/current\n" in text
     assert "EnvironmentFile=-/srv/kd%%n/state/parity.env\n" in text
-    assert "EnvironmentFile=-/etc/kd%%i/sglang%%.env\n" in text
+    assert "EnvironmentFile=/etc/kd%%i/sglang%%.env\n" in text
     assert "Environment=PYTHONPATH=/srv/kd%%n/current/kernel:/srv/kd%%n/current/backend\n" in text
     settings = [line for line in text.splitlines() if "=" in line and not line.startswith("#")]
     # No single '%' is left in any setting: each one is doubled (ExecStart's words are escaped by systemd_word).
@@ -148,3 +149,14 @@ def test_escaped_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     unit.write_text(render(TEMPLATE, percent_host()))
     res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert "sglang-k26-ddtree.service:" not in res.stderr, res.stderr
+
+
+def test_an_optional_environment_file_is_read_with_systemds_dash() -> None:
+    """Only ``service.environment_file_optional: true`` lets systemd ignore a missing file (issue 47)."""
+    strict = render(TEMPLATE, gpu_host())
+    optional = render(TEMPLATE, gpu_host(environment_file_optional=True))
+    assert "EnvironmentFile=/etc/kdtree-engine/sglang.env\n" in strict and "-/etc/kdtree" not in strict
+    assert "EnvironmentFile=-/etc/kdtree-engine/sglang.env\n" in optional
+    # Strict: a quoted "true" or a 1 is not the boolean (an accidental optional would turn the key off again).
+    with pytest.raises(ValueError, match="environment_file_optional"):
+        gpu_host(environment_file_optional="true")
