@@ -133,6 +133,9 @@ class HistoryRecord:
     owner: dict[str, Any] | None = None  # lock-break: the owner record of the lock that was broken
     removed: list[str] | None = None  # cleanup: the releases it removed
     comparison: dict[str, Any] | None = None  # deploy, restart: the comparison (opsctl/pipeline/comparison.py)
+    # A gated deploy, restart or rollback: the unit's InvocationID whose lines the gate judged. UP-TO-DATE needs the
+    # running invocation to be this one (a unit systemd restarted by itself since was never gated, issue 47).
+    invocation: str | None = None
     at: str | None = None  # when it was written (UTC, by append_history); None before
 
     def as_json(self) -> dict[str, Any]:

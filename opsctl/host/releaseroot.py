@@ -109,8 +109,6 @@ def parse_checksum_failures(stdout: str) -> list[str]:
     return failed
 
 
-
-
 def release_meta_command(layout: Layout) -> str:
     """Per release: ``== <id>`` then its manifest's created_at, commit and dirty lines."""
     fields = "; ".join(f'grep -m1 \'"{k}"\' "$d/manifest.json" 2>/dev/null' for k in ("created_at", "commit", "dirty"))
@@ -276,7 +274,7 @@ def parse_snapshot(stdout: str) -> HostSnapshot:
         current=current,
         releases=releases,
         bad=frozenset(bad),
-        last_good=kv.get("last_good") or None,
+        last_good=reconciled_last_good(kv.get("last_good") or None, frozenset(bad)),
         lock_owner=json_object_or_none(kv.get("lock", "")),
         lock_present=kv.get("lock_present") == "1",
         free_mb=facts.disk_free_mb,
@@ -333,6 +331,17 @@ def switch_current(r: Remote, layout: Layout, release: str) -> None:
     r.run(switch_current_command(layout, release, tmp_name), timeout=60)
 
 
+def remove_current_command(layout: Layout) -> str:
+    """Remove the ``current`` symlink (only a symlink: never a directory a hand-made install put there)."""
+    cur = shlex.quote(layout.current)
+    return f"if [ -L {cur} ]; then rm -f -- {cur}; fi"
+
+
+def remove_current(r: Remote, layout: Layout) -> None:
+    """No release is current: what a rejected first deploy leaves (the unit finds no WorkingDirectory to start)."""
+    r.run(remove_current_command(layout), timeout=60)
+
+
 def new_parity_token() -> str:
     return secrets.token_hex(16)
 
@@ -356,10 +365,28 @@ def parse_parity_env(text: str) -> str | None:
     return None
 
 
+def forget_last_good_command(layout: Layout, release: str) -> str:
+    """Remove ``state/last-good`` when it names ``release`` (and only then)."""
+    lg = shlex.quote(layout.last_good)
+    return f'if [ "$(cat -- {lg} 2>/dev/null)" = {shlex.quote(check_id(release))} ]; then rm -f -- {lg}; fi'
+
+
 def mark_bad(r: Remote, layout: Layout, release: str, reason: str) -> None:
+    """Mark ``release`` bad; a release is never last good and bad at once (issue 47), so a last-good mark naming it
+    goes (the newest verdict wins; the history keeps both)."""
     doc = json.dumps({"at": utc_now(), "reason": reason})
     r.write_file(f"{layout.bad}/{check_id(release)}", (doc + "\n").encode())
+    r.run(forget_last_good_command(layout, release), timeout=60)
 
 
 def set_last_good(r: Remote, layout: Layout, release: str) -> None:
+    """Record ``release`` as last good: a gate passed it. A bad mark of an earlier verdict on it goes (a later PASS
+    of the same release clears it, issue 47; the history keeps both records)."""
+    r.run(["rm", "-f", "--", f"{layout.bad}/{check_id(release)}"], timeout=60)
     r.write_file(layout.last_good, (check_id(release) + "\n").encode())
+
+
+def reconciled_last_good(last_good: str | None, bad: frozenset[str]) -> str | None:
+    """The last-good release as every view shows it: never one marked bad (a host written by an older opsctl may
+    hold both marks; the bad one is the cautious reading, and ``set_last_good`` clears it at the next PASS). Pure."""
+    return None if last_good in bad else last_good

@@ -81,26 +81,42 @@ def refusal(host: HostConfig, manifest: Manifest, snap: HostSnapshot, opts: Depl
 _GATED_EVENTS = frozenset({HistoryEvent.DEPLOY, HistoryEvent.RESTART, HistoryEvent.ROLLBACK})
 
 
-def last_verdict(history: Sequence[HistoryRecord], release: str) -> DeployVerdict | None:
-    """The verdict of the latest deploy, restart or rollback of ``release`` (None: none recorded). Pure."""
+def last_gated(history: Sequence[HistoryRecord], release: str) -> HistoryRecord | None:
+    """The latest deploy, restart or rollback of ``release`` with a verdict (None: none recorded). Pure."""
     for rec in reversed(history):
         if rec.release == release and rec.verdict is not None and rec.event in _GATED_EVENTS:
-            return rec.verdict
+            return rec
     return None
+
+
+def last_verdict(history: Sequence[HistoryRecord], release: str) -> DeployVerdict | None:
+    """The verdict of the latest deploy, restart or rollback of ``release`` (None: none recorded). Pure."""
+    rec = last_gated(history, release)
+    return rec.verdict if rec is not None else None
 
 
 def redeploy_reason(release: str, snap: HostSnapshot, history: Sequence[HistoryRecord]) -> str | None:
     """Why a deploy of ``release`` has something to do; None when the host is up to date with it. Up to date
-    needs all three: ``current`` is the release, its last gate passed, and the unit is active. A release left
-    current by an UNPROVEN or failed gate, a --no-restart STAGED or an ungated rollback, or whose unit is
-    stopped or failed, is deployed again (issue 36: UP-TO-DATE on a dead host). Pure."""
+    needs all four: ``current`` is the release, its last gate passed, the unit is active, and the unit's running
+    invocation is the one that gate judged. A release left current by an UNPROVEN or failed gate, a --no-restart
+    STAGED or an ungated rollback, or whose unit is stopped or failed, is deployed again (issue 36: UP-TO-DATE on a
+    dead host); so is one whose process systemd restarted by itself since its gate (a crash, `systemctl kill`:
+    that invocation was never gated, issue 47), or whose passing record names no invocation (an older opsctl's).
+    Pure."""
     if snap.current != release:
         return f"current is {snap.current or 'none'}"
-    verdict = last_verdict(history, release)
-    if verdict is not DeployVerdict.PASS:
+    rec = last_gated(history, release)
+    verdict = rec.verdict if rec is not None else None
+    if rec is None or verdict is not DeployVerdict.PASS:
         return f"{release} is current but its last gate did not pass ({verdict or 'no gated verdict recorded'})"
     if snap.unit.active_state != "active":
         return f"{release} is current but the unit is {snap.unit.active_state or 'unknown'}"
+    running = snap.unit.invocation_id
+    if not running or rec.invocation != running:
+        return (
+            f"{release} is current but the unit's running invocation {running[:12] or '(unknown)'} was never gated "
+            f"(its last gate judged {(rec.invocation or 'an unrecorded invocation')[:12]}: restarted since)"
+        )
     return None
 
 

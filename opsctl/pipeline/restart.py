@@ -12,6 +12,7 @@ from ..errors import DeployFailed
 from ..host import releaseroot
 from ..inventory import HostConfig
 from ..ssh.session import Connect, default_connect
+from ..unit import systemctl
 from .comparison import ComparisonState, baseline_step, comparison_step
 from .plan import DeployOptions
 from .report import Reporter
@@ -46,10 +47,13 @@ def _record_restart() -> Step:
                 comparison=run.result.comparison,
                 stage=run.result.stage,
                 reason=run.result.reason if run.result.stage else None,
+                invocation=run.gated_invocation,
             )
         )
         if run.result.verdict is DeployVerdict.PASS:
             run.call(lambda r: releaseroot.set_last_good(r, run.layout, release))
+            # A failed deploy may have left the unit disabled (nothing good to run then); passed now, boots start it.
+            run.call(lambda r: r.run(systemctl.enable_once_command(run.host.unit), timeout=60, check=False))
 
     return Step("record", run_, shown=False)
 

@@ -25,9 +25,10 @@ __all__ = [
 
 
 class NoRollback(StrEnum):
-    """How a rollback ended that had no release to go back to: no gate ran, so there is no verdict."""
+    """How a rollback ended that had no good release to go back to: no gate ran, so there is no verdict."""
 
-    UNIT_STOPPED = "unit stopped"
+    UNIT_STOPPED = "unit stopped"  # and disabled: nothing a gate passed may run
+    AS_BEFORE = "restarted, not gated"  # what served before the deploy, with the unit it ran with (issue 47)
 
 
 @dataclass
@@ -62,8 +63,12 @@ class DeployResult:
         probe = (self.gate or {}).get("probe")
         if isinstance(probe, dict):
             s += f"; probe: {probe_line(probe)}"
-        if self.rolled_back_to:
+        if self.rolled_back_to and self.rollback_verdict is NoRollback.AS_BEFORE:
+            s += f"; rolled back to {self.rolled_back_to} (what served before): {self.rollback_verdict}"
+        elif self.rolled_back_to:
             s += f"; rolled back to {self.rolled_back_to}: {self.rollback_verdict}"
+        elif self.rollback_verdict is NoRollback.UNIT_STOPPED:
+            s += "; nothing to roll back to: unit stopped and disabled"
         return s + f" [{self.elapsed_s:.1f}s]"
 
 

@@ -1,14 +1,21 @@
 """The rollback: every path that puts an earlier release back goes through this module.
 
 - ``rollback_target``: where a rollback goes (``--to``, else the newest good release other than current). Pure.
+- ``undo_plan``: where a failed deploy goes back to (a good release other than the failed one; else what served
+  before, as it served; else nothing). Pure.
 - ``restore_previous``: switch back, install the release's unit (its template rendered with today's inventory,
-  opsctl/unit/unitfile.py), restart and gate it; or stop the unit when there is nothing to go back to, or when
-  that unit would drop a setting the running unit has from the inventory. A deploy's failed restart undoes
-  itself with it (``undo_restart``), and ``restart --rollback-on-fail`` with ``rollback_if_failed_step``.
+  opsctl/unit/unitfile.py), restart and gate it; or stop and disable the unit when there is nothing to go back
+  to, or when that unit would drop a setting the running unit has from the inventory. A deploy's failed restart
+  undoes itself with it (``undo_restart``; ``restart_as_before`` when only what served before is left), and
+  ``restart --rollback-on-fail`` with ``rollback_if_failed_step``.
 - ``rollback``: the ``opsctl rollback`` command (also what ``health --rollback-on-fail`` and group roll-backs run).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 
 from ..errors import DeployFailed
 from ..gate.decision import Verdict
@@ -39,18 +46,63 @@ def _chosen_target(snap: HostSnapshot, to: str, force: bool) -> str:
     return to
 
 
-def _good_candidates(snap: HostSnapshot, history: list[HistoryRecord]) -> list[str]:
+def good_releases(snap: HostSnapshot, history: Sequence[HistoryRecord], exclude: str | None) -> list[str]:
     """Releases that passed a gate (or were adopted), newest first, the recorded last-good one before them; only
-    those still on the host, not current and not marked bad."""
+    those still on the host, not ``exclude`` and not marked bad. Pure."""
 
     def usable(release: str | None) -> bool:
-        return bool(release) and release != snap.current and release in snap.releases and release not in snap.bad
+        return bool(release) and release != exclude and release in snap.releases and release not in snap.bad
 
     passed = [r.release for r in history if r.verdict is DeployVerdict.PASS or r.event is HistoryEvent.ADOPT]
-    candidates = [r for r in reversed(passed) if r and usable(r)]
+    candidates = list(dict.fromkeys(r for r in reversed(passed) if r and usable(r)))
     if snap.last_good and usable(snap.last_good):
-        candidates.insert(0, snap.last_good)
+        candidates = [snap.last_good, *(c for c in candidates if c != snap.last_good)]
     return candidates
+
+
+def _good_candidates(snap: HostSnapshot, history: list[HistoryRecord]) -> list[str]:
+    """Where `opsctl rollback` may go: the good releases other than current."""
+    return good_releases(snap, history, snap.current)
+
+
+class UndoKind(StrEnum):
+    """How a deploy's restart is undone (``undo_plan``)."""
+
+    ROLLBACK = "rollback"  # switch to a release, install its unit (today's inventory), restart, gate
+    AS_BEFORE = "as before"  # restart what served before, with the unit it ran with; not gated
+    STOP = "stop"  # nothing may run: the unit stopped and disabled
+
+
+@dataclass(frozen=True)
+class UndoPlan:
+    kind: UndoKind
+    target: str | None = None
+
+
+SERVING_STATES = frozenset({"active", "activating", "reloading"})
+
+
+def undo_plan(snap: HostSnapshot | None, history: Sequence[HistoryRecord], failed: str) -> UndoPlan:
+    """Where a deploy whose new release ``failed`` goes back to (issue 47). Pure.
+
+    1. the release that was current, when it is another one, on the host and not marked bad (gated again);
+    2. else the newest good release other than the failed one (gated);
+    3. else, when the unit was serving as the deploy began, what served then, as it served (a forced redeploy of
+       the only good release under stricter thresholds, or a changed ``service.tp``: never leave a unit stopped
+       that was serving);
+    4. else nothing: the unit is stopped and disabled (no earlier good release: a reboot must not start one no
+       gate passed)."""
+    if snap is None:
+        return UndoPlan(UndoKind.STOP)
+    previous = snap.current
+    if previous and previous != failed and previous in snap.releases and previous not in snap.bad:
+        return UndoPlan(UndoKind.ROLLBACK, previous)
+    good = good_releases(snap, history, failed)
+    if good:
+        return UndoPlan(UndoKind.ROLLBACK, good[0])
+    if previous and previous in snap.releases and snap.unit.active_state in SERVING_STATES:
+        return UndoPlan(UndoKind.AS_BEFORE, previous)
+    return UndoPlan(UndoKind.STOP)
 
 
 def rollback_target(snap: HostSnapshot, to: str | None, force: bool, history: list[HistoryRecord]) -> str:
@@ -79,8 +131,9 @@ def restore_previous(run: Run, target: str | None, failed: str) -> None:
             why_none, target = f"not back to {target} (its unit would drop an inventory setting)", None
             run.switched = False  # `current` stays on the failed release, its unit stopped: nothing half-switched
     if target is None:
-        with run.timer.timed(run.reporter, "rollback", f"{why_none}: stopping the unit"):
-            run.r.run(systemctl.action_argv("stop", host.unit), timeout=300, check=False)
+        with run.timer.timed(run.reporter, "rollback", f"{why_none}: stopping and disabling the unit") as note:
+            _stop_and_disable(run)
+            note["detail"] = f"{why_none}: unit stopped and disabled, current {result.current_after or 'none'}"
         result.rolled_back_to, result.rollback_verdict = None, NoRollback.UNIT_STOPPED
         return
     with run.timer.timed(run.reporter, "rollback", f"current -> {target}") as note:
@@ -90,9 +143,15 @@ def restore_previous(run: Run, target: str | None, failed: str) -> None:
         result.current_after = target
         mark = run.call(lambda r: restart_unit(r, host, run.reporter))
         note["detail"] = "restarted"
+    seen: list[str] = []
     with run.timer.timed(run.reporter, "gate (rollback)") as note:
         gate = run_gate(
-            run.session, host, mark, run.reporter, deadline_s=max(run.opts.gate_timeout_s or 0.0, host.gate.deadline_s)
+            run.session,
+            host,
+            mark,
+            run.reporter,
+            deadline_s=max(run.opts.gate_timeout_s or 0.0, host.gate.deadline_s),
+            seen_invocations=seen,
         )
         note["detail"] = gate_detail(gate)
     verdict = DeployVerdict.from_gate(gate.verdict)
@@ -105,20 +164,73 @@ def restore_previous(run: Run, target: str | None, failed: str) -> None:
             verdict=verdict,
             gate=gate.summary(),
             automatic=True,
+            invocation=seen[-1] if seen else None,
         )
     )
     if gate.verdict is Verdict.PASS:
         run.call(lambda r: releaseroot.set_last_good(r, layout, target))
 
 
+def _stop_and_disable(run: Run) -> None:
+    """Nothing may run: the unit stopped and disabled (a reboot must not start a release no gate passed, issue 47);
+    `current` back where it was (a first deploy: no `current` at all), with the unit file that was installed then,
+    not enabled. Done here in full, so that the switch and unit undos after it have nothing left to do."""
+    host, layout = run.host, run.layout
+    run.call(lambda r: r.run(systemctl.stop_and_disable_command(host.unit), timeout=300, check=False))
+    if not run.switched:
+        return  # `current` was not switched, or is deliberately left on the failed release (its unit stopped)
+    previous, before = run.previous, run.unit_before
+    if previous:
+        run.call(lambda r: releaseroot.switch_current(r, layout, previous))
+    else:
+        run.call(lambda r: releaseroot.remove_current(r, layout))
+    if before is not None:
+        run.call(lambda r: unitfile.install(r, host, before, unitfile.read_installed(r, host)))
+    run.switched = False
+    run.result.current_after = previous
+
+
+def restart_as_before(run: Run, release: str, before: str, failed: str) -> None:
+    """Nothing else to go back to, and the unit was serving: ``release`` (what was current) restarted with the
+    unit file it ran with (``before``, byte for byte: not its template under today's inventory, which may be what
+    was rejected, e.g. a changed ``service.tp``). Not gated: under today's settings the gate has just failed it;
+    the point is that the host serves as it did before the deploy, and the summary says so."""
+    host, layout, result = run.host, run.layout, run.result
+    with run.timer.timed(run.reporter, "rollback", f"current -> {release} (what served before)") as note:
+        run.call(lambda r: releaseroot.switch_current(r, layout, release))
+        run.call(lambda r: unitfile.install(r, host, before, unitfile.read_installed(r, host)))
+        run.call(lambda r: r.run(systemctl.enable_once_command(host.unit), timeout=60, check=False))
+        run.switched = False
+        result.current_after = release
+        run.call(lambda r: restart_unit(r, host, run.reporter))
+        state = run.call(
+            lambda r: r.run(systemctl.action_argv("is-active", host.unit), timeout=60, check=False).stdout.strip()
+        )
+        note["detail"] = f"no other good release: restarted as it served before, not gated (unit {state or '?'})"
+    result.rolled_back_to, result.rollback_verdict = release, NoRollback.AS_BEFORE
+    run.record(
+        HistoryRecord(
+            event=HistoryEvent.ROLLBACK,
+            release=release,
+            rolled_back_from=failed,
+            verdict=DeployVerdict.DONE,
+            reason="what served before, restarted with the unit it ran with: no other good release (not gated)",
+            automatic=True,
+        )
+    )
+
+
 def undo_restart(run: Run) -> None:
-    """A deploy's restart undone: the previous release comes back (never a bad one, never the failed one itself),
-    or the unit is stopped when there is none."""
+    """A deploy's restart undone (``undo_plan``): a good release other than the failed one comes back, gated; else
+    what served before, as it served; else the unit is stopped and disabled."""
     failed = run.result.release or ""
-    previous = run.previous
-    snap = run.snap
-    ok = previous and previous != failed and snap is not None and previous not in snap.bad
-    restore_previous(run, previous if ok else None, failed)
+    history = run.call(lambda r: host_history.read_history(r, run.layout)) if run.snap is not None else []
+    plan = undo_plan(run.snap, history, failed)
+    before = run.unit_before
+    if plan.kind is UndoKind.AS_BEFORE and plan.target is not None and before is not None:
+        restart_as_before(run, plan.target, before, failed)
+        return
+    restore_previous(run, plan.target if plan.kind is UndoKind.ROLLBACK else None, failed)
 
 
 def rollback_if_failed_step() -> Step:
@@ -178,6 +290,7 @@ def _record_rollback(gated: bool, force: bool) -> Step:
                 verdict=run.result.verdict,
                 gate=run.result.gate,
                 forced=force,
+                invocation=run.gated_invocation if gated else None,
             )
         )
 

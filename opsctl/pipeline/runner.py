@@ -106,6 +106,10 @@ class Run:
     committed: bool = False  # the release is vouched for: later failures are not undone
     mark: Mark | None = None
     gate: GateState | None = None
+    gated_invocation: str | None = None  # the unit's InvocationID the last gate judged (recorded with its verdict)
+    # The unit file installed when the command began (read by the unit step before it installs another): what a
+    # failed deploy puts back when it restarts what served before (rollback.py, issue 47).
+    unit_before: str | None = None
 
     @property
     def layout(self) -> Layout:
@@ -278,8 +282,8 @@ def _compensate(
         if bad:
             run.call(lambda r: releaseroot.mark_bad(r, run.layout, release, reason))
         # Where `current` points once restored: back on the previous release, or (a first deploy, nothing to go
-        # back to) still on the failed one with its unit stopped.
-        current = run.previous if (run.previous or not run.switched) else release
+        # back to) nowhere: the undo removes it, so that no reboot starts a release no gate passed (issue 47).
+        current = run.previous
         run.record(
             HistoryRecord(
                 event=run.result.action,

@@ -51,6 +51,12 @@ def switch_step(target: Callable[[Run], str], *, undoable: bool) -> Step:
             run.call(lambda r: releaseroot.switch_current(r, run.layout, previous))
             run.switched = False
             run.result.current_after = previous
+        elif run.switched:
+            # A first deploy rejected: `current` did not exist before, and must not point at a release no gate
+            # passed (a reboot, or a hand-made `systemctl start`, would run it; issue 47).
+            run.call(lambda r: releaseroot.remove_current(r, run.layout))
+            run.switched = False
+            run.result.current_after = None
 
     return Step("switch", run_, undo=undo if undoable else None, detail=lambda run: f"current -> {target(run)}")
 
@@ -59,6 +65,7 @@ def unit_step(target: Callable[[Run], str], *, undoable: bool) -> Step:
     """Install the unit stored with ``target``; undone by installing the previous release's unit again."""
 
     def run_(run: Run) -> str:
+        run.unit_before = unitfile.read_installed(run.r, run.host)
         return (
             "changed, daemon-reload"
             if unitfile.install_for_release(run.r, run.host, run.layout, target(run))
@@ -66,9 +73,15 @@ def unit_step(target: Callable[[Run], str], *, undoable: bool) -> Step:
         )
 
     def undo(run: Run) -> None:
-        previous = run.previous
-        if run.switched and previous:
-            run.call(lambda r: unitfile.install_for_release(r, run.host, run.layout, previous))
+        previous, before = run.previous, run.unit_before
+        if not (run.switched and previous):
+            return
+        if previous == target(run) and before is not None:
+            # The same release deployed again (--force, a changed inventory): put back the unit it ran with, not
+            # its template under today's inventory, which is what was just rejected (issue 47: a changed TP).
+            run.call(lambda r: unitfile.install(r, run.host, before, unitfile.read_installed(r, run.host)))
+            return
+        run.call(lambda r: unitfile.install_for_release(r, run.host, run.layout, previous))
 
     return Step("unit", run_, undo=undo if undoable else None)
 
@@ -90,8 +103,12 @@ def gate_step() -> Step:
 
     def run_(run: Run) -> str:
         assert run.mark is not None, "the gate follows a restart"
-        gate = run_gate(run.session, run.host, run.mark, run.reporter, deadline_s=run.opts.gate_timeout_s)
+        seen: list[str] = []
+        gate = run_gate(
+            run.session, run.host, run.mark, run.reporter, deadline_s=run.opts.gate_timeout_s, seen_invocations=seen
+        )
         run.gate = gate
+        run.gated_invocation = seen[-1] if seen else None
         run.result.gate = gate.summary()
         run.conclude(DeployVerdict.from_gate(gate.verdict), gate.reason)
         return gate_detail(gate)

@@ -47,6 +47,12 @@ def enable_once_command(unit: str) -> str:
     return f"systemctl is-enabled --quiet {u} || systemctl enable --quiet {u}"
 
 
+def stop_and_disable_command(unit: str) -> str:
+    """Stop the unit and disable it, so that no boot starts it (what a deploy leaves when nothing good may run)."""
+    u = shlex.quote(service(unit))
+    return f"systemctl disable --quiet {u}; systemctl stop {u}"
+
+
 def restart_command(unit: str) -> str:
     """Reset a failed unit (one that hit its start limit refuses a restart), restart it, and print ``rc=`` (the
     restart's exit status), ``restarts=`` (NRestarts) and one ``envfile=`` line per EnvironmentFiles entry

@@ -13,6 +13,7 @@ from tests import builders
 
 NEW = "r00000000000d"
 OLD = "r00000000000b"
+INV = "0123456789abcdef0123456789abcdef"  # the unit's running invocation, which the PASS records below gated
 
 
 def host(gpu: str | None = None) -> HostConfig:
@@ -42,7 +43,7 @@ def snap(**kw: object) -> HostSnapshot:
         lock_owner=None,
         lock_present=False,
         free_mb=5000,
-        unit=UnitInfo(load_state="loaded", active_state="active"),
+        unit=UnitInfo(load_state="loaded", active_state="active", invocation_id=INV),
         gpu_compute_caps=(),
         now=0.0,
     )
@@ -94,7 +95,7 @@ def test_gpu_arch_must_match() -> None:
     assert make_plan(host("12.0"), manifest(), snap(gpu_compute_caps=("12.0",)), DeployOptions()).refusal is None
 
 
-PASSED = (HistoryRecord(HistoryEvent.DEPLOY, OLD, DeployVerdict.PASS),)
+PASSED = (HistoryRecord(HistoryEvent.DEPLOY, OLD, DeployVerdict.PASS, invocation=INV),)
 
 
 def test_bad_release_with_force_and_up_to_date() -> None:
@@ -146,7 +147,7 @@ def test_last_verdict_is_the_releases_own_and_gated() -> None:
     # A rollback that passed its gate vouches for the release it went back to.
     back = [
         HistoryRecord(HistoryEvent.DEPLOY, OLD, DeployVerdict.UNPROVEN),
-        HistoryRecord(HistoryEvent.ROLLBACK, OLD, DeployVerdict.PASS),
+        HistoryRecord(HistoryEvent.ROLLBACK, OLD, DeployVerdict.PASS, invocation=INV),
     ]
     assert redeploy_reason(OLD, snap(), back) is None
 

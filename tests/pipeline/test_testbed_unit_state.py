@@ -32,13 +32,14 @@ def without_probe(host: HostConfig) -> HostConfig:
 
 def test_unproven_first_deploy_is_not_up_to_date(local: HostConfig, good_tree: Path, good_id: str) -> None:
     """A host with no earlier release, a deploy that ends UNPROVEN (no traffic: the probe disabled): the unit is
-    stopped and `current` on the release. A plain redeploy deploys again instead of answering UP-TO-DATE."""
+    stopped (and disabled) and no release is current (issue 47, item 8: a reboot must not start it). A plain
+    redeploy deploys again instead of answering UP-TO-DATE."""
     reset_host(local)
     quick = d.DeployOptions(gate_timeout_s=4, skip_prerestart_parity=True)
     first = d.deploy(without_probe(local), good_tree, quick)
     assert first.verdict == "UNPROVEN", first.line()
     snap, _ = state(local)
-    assert snap.current == good_id and snap.unit.active_state != "active"
+    assert snap.current is None and snap.unit.active_state != "active"
     again = d.deploy(local, good_tree, d.DeployOptions(skip_prerestart_parity=True))
     assert again.verdict == "PASS", again.line()  # deployed and gated again, not UP-TO-DATE
     assert again.step_times.get("gate") is not None and again.step_times.get("upload") is not None
