@@ -18,6 +18,7 @@ Hosts: ``local`` and ``tb1..tbN`` (N = $OPSCTL_TESTBED_HOSTS, default 2); groups
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
 import sys
@@ -54,11 +55,25 @@ if _OWN_TESTBED:
     os.environ[PORT_BASE_ENV] = str(_default.port_base + 100 * int(_WORKER.removeprefix("gw")))
 
 
+# The import names of the CLI's third-party dependencies (pyproject.toml's ``dependencies``; a test pins the two
+# lists together).
+CLI_DEPENDENCIES = ("typer", "rich", "paramiko", "yaml", "pydantic")
+
+
 def _cli_dependency_missing() -> ModuleNotFoundError | None:
-    """The CLI's missing third-party module (pydantic, ...), or None when ``opsctl`` imports.
+    """The CLI's first missing third-party module (pydantic, paramiko, ...), or None when all of them are there.
 
     A bare GPU machine has torch, triton and the SGLang wheel only: the opsctl imports stay inside the fixtures
-    so that ``pytest -m gpu tests/`` collects the GPU tests there (issue 18)."""
+    so that ``pytest -m gpu tests/`` collects the GPU tests there (issue 18). Each dependency is looked for, not
+    only those ``opsctl.inventory`` imports: the SGLang wheel brings pydantic, and the machine's image PyYAML, so
+    the inventory imports there while paramiko, typer and rich are missing (issue 47)."""
+    for name in CLI_DEPENDENCIES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a finder that refuses it, a module without a spec
+            found = False
+        if not found:
+            return ModuleNotFoundError(f"No module named {name!r}", name=name)
     try:
         importlib.import_module("opsctl.inventory")
     except ModuleNotFoundError as exc:
@@ -106,7 +121,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, A
     missing = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", str(report.longrepr))
     if missing is None or missing[1].split(".")[0] in _OWN_PACKAGES:
         return  # any other collection error (a broken module of this repo's own) still fails
-    reason = f"needs the CLI's dependencies (no module named {missing[1]!r} here)"
+    reason = f"cannot be imported here: no module named {missing[1]!r} (the CLI's dependencies: {_CLI_MISSING})"
     report.outcome = "skipped"
     report.longrepr = (str(collector.path), 0, f"Skipped: {reason}")
     report.result = []

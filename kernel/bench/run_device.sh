@@ -140,7 +140,7 @@ for stage in $stages; do
         $( [ -s "$OUT/sglang-kit-bug.jsonl" ] && echo "$OUT/sglang-kit-bug.jsonl" ) > "$OUT/sglang-kit.md"
       [ "$status" = 0 ] || exit 17 ;;
     all-tests)
-      python3 -m pytest -m gpu tests/ -v --timeout 300 2>&1 | tee "$OUT/gpu-tests-$TAG.log" | tail -25 ;;
+      python3 -m pytest -m gpu tests/ -v -rs --timeout 300 2>&1 | tee "$OUT/gpu-tests-$TAG.log" | tail -25 ;;
   esac
 done
 # The device tool brings back at most 8 files from $OUT: past that, the logs travel packed in one archive, so that the

@@ -1,7 +1,8 @@
 """``opsctl compare BASELINE.json CANDIDATE.json``: judge two recorded comparison samples offline, with the judge
 and settings a deploy uses (opsctl/gate/compare.py, docs/gate.md "The comparison"). Exit 0 when the candidate
 passes, 31 when it fails, 32 when the samples cannot decide (too few answered requests, the load differed, 4xx on
-both sides), 2 for bad input. Connects nowhere: it imports neither the SSH stack nor the pipeline."""
+both sides) or a slowdown beyond the bound is withheld (UNPROVEN: the load or the host's contention could explain
+it; never a pass), 2 for bad input. Connects nowhere: it imports neither the SSH stack nor the pipeline."""
 
 from __future__ import annotations
 
@@ -25,7 +26,13 @@ app = typer.Typer()
 MAX_SAMPLE_BYTES = 256 * 1024 * 1024  # a sample at its bounds (4096 requests x 65,536 ids) is well below
 EXIT_UNDECIDED = EXIT_UNPROVEN  # no verdict on the release: the same code as a gate that could not prove it
 
-_OUTCOME_STYLE = {Outcome.PASS: "green", Outcome.FAIL: "bold red", Outcome.UNDECIDED: "yellow", Outcome.ERROR: "red"}
+_OUTCOME_STYLE = {
+    Outcome.PASS: "green",
+    Outcome.FAIL: "bold red",
+    Outcome.UNDECIDED: "yellow",
+    Outcome.UNPROVEN: "yellow",
+    Outcome.ERROR: "red",
+}
 
 
 def read_sample(path: Path) -> ComparisonSample:
@@ -74,7 +81,7 @@ def judge_settings(host: str | None, overrides: dict[str, float | int | None]) -
 
 
 def exit_code(outcome: Outcome) -> int:
-    """0 PASS, 31 FAIL, 32 no verdict on the release (UNDECIDED, or ERROR: 4xx on both sides)."""
+    """0 PASS, 31 FAIL, 32 no verdict on the release (UNDECIDED, UNPROVEN, or ERROR: 4xx on both sides)."""
     if outcome is Outcome.PASS:
         return 0
     return GateFailed.exit_code if outcome is Outcome.FAIL else EXIT_UNDECIDED

@@ -15,9 +15,13 @@ What it judges, request by request in workload order (request i is the same prom
   speed ratio: below 1 is slower) is below ``1 - max_slowdown`` **and** p < ``alpha``. When the load the server
   reported (``sglang:num_running_reqs``) differs between the sides beyond ``max_load_diff`` the speed cannot be
   decided; when the server reports none the speed is judged as measured and the report says the load is unknown.
-  Nor can it when the host itself was busier on the side that could have caused the verdict: a fixed piece of
-  CPU work timed on the host around each request (``host_s``) took more than :data:`MAX_HOST_DIFF` longer on the
-  new side (a FAIL is withheld) or on the old side (a PASS is withheld).
+  Nor can it when the host itself was busier on one side and that contention can explain the verdict: a fixed
+  piece of CPU work timed on the host around each request (``host_s``) took more than :data:`MAX_HOST_DIFF`
+  longer on one side, and the decode ratio adjusted by that calibration ratio (the new side's times scaled to the
+  old side's host) says otherwise than the ratio measured (a FAIL that holds even so stands, as does a PASS).
+  A speed verdict withheld while the measured decode is beyond the bound (slower than ``1 - max_slowdown`` at
+  p < ``alpha``) is UNPROVEN, never a PASS: the caller measures again, and when it stays so the release is not
+  proven (a deploy rolls back without marking it bad).
 * **Accepted drafts.** When both sides report ``spec_accept_length``: FAIL when the mean drops by more than
   ``max_accept_drop`` (relative) **and** the same test says p < ``alpha``. Not affected by load (it is a property
   of the tokens, not of time), so judged whatever the load.
@@ -26,9 +30,9 @@ What it judges, request by request in workload order (request i is the same prom
   work on a shared host, the minutes between the two sides) can move for a while; answers, accepted drafts and
   failed requests are properties of the release. So when speed is the only FAIL (:func:`only_speed_fails`) the
   caller takes a second sample of the new release and :func:`confirm` judges that one: the FAIL stands only when
-  it repeats.
+  it repeats. An UNPROVEN speed is measured again the same way (:func:`needs_another_sample`).
 
-The outcome is the worst of the parts: FAIL, then ERROR, then UNDECIDED, else PASS; ``reasons`` name the figure
+The outcome is the worst of the parts: FAIL, then ERROR, then UNPROVEN, then UNDECIDED, else PASS; ``reasons`` name the figure
 (``decode 0.71x of rfb4d975 (p=0.002, 16 vs 16 requests)``), ``line()`` is the one line a deploy prints.
 """
 
@@ -57,6 +61,8 @@ class Outcome(StrEnum):
     PASS = "PASS"
     FAIL = "FAIL"
     UNDECIDED = "UNDECIDED"  # cannot decide: too few answered requests, or the load differed (speed only)
+    # The speed verdict withheld (load or host contention) while the measured decode is beyond the bound: no PASS.
+    UNPROVEN = "UNPROVEN"
     ERROR = "ERROR"  # 4xx on both sides: the workload does not fit the server; no verdict on the release
 
     @property
@@ -64,7 +70,7 @@ class Outcome(StrEnum):
         return _RANK[self]
 
 
-_RANK = {Outcome.PASS: 0, Outcome.UNDECIDED: 1, Outcome.ERROR: 2, Outcome.FAIL: 3}
+_RANK = {Outcome.PASS: 0, Outcome.UNDECIDED: 1, Outcome.UNPROVEN: 2, Outcome.ERROR: 3, Outcome.FAIL: 4}
 
 
 class Thresholds(Protocol):
@@ -163,11 +169,22 @@ class Speed:
     old_s_per_token: float | None  # medians
     new_s_per_token: float | None
     why: str = ""  # why it could not decide
+    # The ratio with the new side's times scaled by the host's calibration ratio (None: the host did not differ).
+    adjusted_ratio: float | None = None
+    note: str = (
+        ""  # a FAIL that stands though the host was busier on the new side: why the contention cannot explain it
+    )
+
+    @property
+    def withheld(self) -> bool:
+        return self.outcome in (Outcome.UNDECIDED, Outcome.UNPROVEN)
 
     def describe(self) -> str:
         if self.ratio is None:
             return f"decode: cannot decide ({self.why})"
         text = f"decode {self.ratio:.2f}x" + (f" (p={_p(self.p)})" if self.p is not None else "")
+        if self.outcome is Outcome.UNPROVEN:
+            return text + f", not proven: {self.why}"
         return text + (f", cannot decide: {self.why}" if self.outcome is Outcome.UNDECIDED else "")
 
     def to_json(self) -> dict[str, Any]:
@@ -180,6 +197,8 @@ class Speed:
             "baseline_s_per_token": self.old_s_per_token,
             "candidate_s_per_token": self.new_s_per_token,
             "why": self.why or None,
+            "adjusted_ratio": self.adjusted_ratio,
+            "note": self.note or None,
         }
 
 
@@ -377,7 +396,9 @@ def _host_mean(requests: Sequence[CompareRequest]) -> float | None:
 
 def judge_speed(old: Sequence[float], new: Sequence[float], settings: Thresholds, load: Load | None = None) -> Speed:
     """The decode-speed verdict over seconds per token (values below :data:`MIN_SECONDS` are not measurements and
-    are left out)."""
+    are left out). Withheld (UNDECIDED) when the load differed, or when the host's contention on one side can
+    explain the verdict (the ratio adjusted by the host's calibration ratio says otherwise); UNPROVEN instead of
+    UNDECIDED when the measured decode is beyond the bound: a withheld slowdown is never a PASS."""
     old = [v for v in old if v >= MIN_SECONDS]
     new = [v for v in new if v >= MIN_SECONDS]
     n_old, n_new = len(old), len(new)
@@ -388,20 +409,33 @@ def judge_speed(old: Sequence[float], new: Sequence[float], settings: Thresholds
     old_median, new_median = statistics.median(old), statistics.median(new)
     ratio = old_median / new_median
     p = mann_whitney_greater(new, old).p
+    floor = 1 - settings.max_slowdown
+    slow = ratio < floor and p < settings.alpha
+    withheld = Outcome.UNPROVEN if slow else Outcome.UNDECIDED
     if load is not None and load.differs:
         why = f"the load differed ({load.old:.3g} vs {load.new:.3g} running requests, bound {1 + load.bound:g}x)"
-        return Speed(Outcome.UNDECIDED, ratio, p, n_old, n_new, old_median, new_median, why)
-    slow = ratio < 1 - settings.max_slowdown and p < settings.alpha
-    # The host's contention withholds only the verdict it could have caused: a busier new side can fake a slowdown
-    # (a FAIL is not trusted), a busier old side can hide one (a PASS is not). A FAIL measured while the new side
-    # had the quieter host, or a PASS while it had the busier one, stands.
-    if load is not None and load.host_differs and load.host_ratio is not None and slow == (load.host_ratio > 1):
-        why = (
-            f"the host itself was busier on one side (a fixed CPU calibration took {load.host_ratio:.2f}x as long on "
-            f"the new side; bound {1 + MAX_HOST_DIFF:g}x)"
-        )
-        return Speed(Outcome.UNDECIDED, ratio, p, n_old, n_new, old_median, new_median, why)
-    return Speed(Outcome.FAIL if slow else Outcome.PASS, ratio, p, n_old, n_new, old_median, new_median)
+        return Speed(withheld, ratio, p, n_old, n_new, old_median, new_median, why)
+    host = load.host_ratio if load is not None and load.host_differs else None
+    if host is None:
+        return Speed(Outcome.FAIL if slow else Outcome.PASS, ratio, p, n_old, n_new, old_median, new_median)
+    # The host's contention withholds only the verdict it can explain. The new side's times as they would have been
+    # on the old side's host (scaled by the calibration ratio) give the adjusted ratio and its test: a slowdown that
+    # holds even so stands (a 1.16x busier host does not make 0.63x), one that vanishes is withheld; a PASS is
+    # withheld when the adjusted figures show a slowdown (a busier old side can hide one), else it stands.
+    adjusted = ratio * host
+    adjusted_p = mann_whitney_greater([v / host for v in new], old).p
+    adjusted_slow = adjusted < floor and adjusted_p < settings.alpha
+    figures = (
+        f"a fixed CPU calibration took {host:.2f}x as long on the new side; bound {1 + MAX_HOST_DIFF:g}x; "
+        f"decode {adjusted:.2f}x allowing for it"
+    )
+    if slow == adjusted_slow:
+        explains = slow and host > 1
+        note = f"the host was busier on the new side ({figures}): it cannot explain the slowdown" if explains else ""
+        verdict = Outcome.FAIL if slow else Outcome.PASS
+        return Speed(verdict, ratio, p, n_old, n_new, old_median, new_median, adjusted_ratio=adjusted, note=note)
+    why = f"the host itself was busier on one side ({figures})"
+    return Speed(withheld, ratio, p, n_old, n_new, old_median, new_median, why, adjusted_ratio=adjusted)
 
 
 def judge_drafts(old: Sequence[float], new: Sequence[float], settings: Thresholds) -> Drafts:
@@ -532,7 +566,17 @@ def compare(
                 (
                     Outcome.FAIL,
                     f"decode {speed.ratio:.2f}x of {baseline} (p={_p(speed.p)}, {speed.n_old} vs {speed.n_new} "
-                    f"requests; fails below {1 - settings.max_slowdown:.2f}x at p < {settings.alpha:g})",
+                    f"requests; fails below {1 - settings.max_slowdown:.2f}x at p < {settings.alpha:g})"
+                    + (f"; {speed.note}" if speed.note else ""),
+                )
+            )
+        elif speed.outcome is Outcome.UNPROVEN and speed.ratio is not None:
+            found.append(
+                (
+                    Outcome.UNPROVEN,
+                    f"decode {speed.ratio:.2f}x of {baseline} (p={_p(speed.p)}, {speed.n_old} vs {speed.n_new} "
+                    f"requests; beyond {1 - settings.max_slowdown:.2f}x at p < {settings.alpha:g}) but the speed "
+                    f"cannot be decided: {speed.why}: not proven, never a PASS",
                 )
             )
         elif speed.outcome is Outcome.UNDECIDED:
@@ -576,15 +620,30 @@ def only_speed_fails(result: Comparison) -> bool:
     )
 
 
-def confirm(first: Comparison, second: Comparison) -> Comparison:
-    """The verdict after a speed-only FAIL (``first``): the comparison of a second sample of the new release with
-    the same baseline (``second``), which names what the first showed. The FAIL stands only when it repeats: a
-    slower release is slower every time, a busy minute on the host is not."""
+def needs_another_sample(result: Comparison) -> bool:
+    """Whether the caller measures the new release again before ``result`` stands: a FAIL on decode speed alone
+    (:func:`only_speed_fails`), or a slowdown beyond the bound whose verdict was withheld (UNPROVEN)."""
+    return only_speed_fails(result) or result.outcome is Outcome.UNPROVEN
+
+
+_ORDINALS = ("first", "second", "third", "fourth")
+
+
+def confirm(first: Comparison, second: Comparison, *, earlier: int = 1) -> Comparison:
+    """The verdict after a speed-only FAIL or an UNPROVEN speed (``first``): the comparison of another sample of the
+    new release with the same baseline (``second``), which names what the earlier one showed (``earlier``: how
+    many samples were judged before ``second``). The FAIL stands only when it repeats: a slower release is slower
+    every time, a busy minute on the host is not; a withheld slowdown that repeats stays UNPROVEN."""
+    ordinal = _ORDINALS[min(earlier, len(_ORDINALS)) - 1]
     figure = f"decode {first.speed.ratio:.2f}x (p={_p(first.speed.p)})" if first.speed.ratio is not None else "a FAIL"
-    if second.speed.outcome is Outcome.FAIL:
-        note = f"a first sample too: {figure}"
+    if first.speed.outcome is Outcome.UNPROVEN:
+        figure += " withheld"
+    if second.speed.outcome in (Outcome.FAIL, Outcome.UNPROVEN):
+        note = f"a {ordinal} sample too: {figure}"
     else:
-        note = f"a first sample's {figure} not repeated"
+        note = f"a {ordinal} sample's {figure} not repeated"
+    if first.first_sample:
+        note = f"{first.first_sample}; {note}"
     return replace(second, first_sample=note)
 
 

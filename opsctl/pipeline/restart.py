@@ -63,7 +63,7 @@ def restart_steps(rollback_on_fail: bool) -> list[Step]:
     steps = [
         _restart_preflight(),
         lock_step(lambda run: f"restart {run.result.release}"),
-        baseline_step(compared),
+        baseline_step(compared, refused_is_error=False),
         restart_step(),
         gate_step(),
         comparison_step(compared, rejects=False),

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from opsctl.gate.sample import ComparisonSample
-from tests.gate.test_compare import side, with_requests
+from tests.gate.test_compare import side, with_host_s, with_requests
 
 NO_INVENTORY = {"OPSCTL_INVENTORY": "/nonexistent/inventory.yaml", "COLUMNS": "200"}
 
@@ -90,3 +90,17 @@ def test_bad_thresholds_are_refused_by_flag(tmp_path: Path) -> None:
     assert r.returncode == 2 and "finite" in r.stderr
     r = _compare(a, a, "--min-identical", "1.5", "--json")
     assert r.returncode == 2 and json.loads(r.stdout)["exit_code"] == 2 and "--min-identical" in r.stderr
+
+
+def test_a_withheld_slowdown_is_unproven_exit_32_and_an_unexplained_one_fails(tmp_path: Path) -> None:
+    # The deploy's rule offline (issue 47): the host's contention withholds only the slowdown it can explain.
+    old = _write(tmp_path, "old.json", with_host_s(side(), 0.004))
+    explained = _write(tmp_path, "busy.json", with_host_s(side(scale=1.5), 0.0058))
+    r = _compare(old, explained, "--name", "r1")
+    assert r.returncode == 32, r.stdout + r.stderr
+    assert r.stdout.startswith("comparison: UNPROVEN compared with r1") and "not proven, never a PASS" in r.stdout
+    unexplained = _write(tmp_path, "slow.json", with_host_s(side(scale=1 / 0.63), 0.00464))
+    r = _compare(old, unexplained, "--name", "r1", "--json")
+    assert r.returncode == 31, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["outcome"] == "FAIL" and doc["load"]["host_differs"] is True and doc["speed"]["note"]

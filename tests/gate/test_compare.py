@@ -9,7 +9,16 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsctl.gate.compare import Outcome, compare, confirm, divergence, load_differs, min_pairs, only_speed_fails
+from opsctl.gate.compare import (
+    Outcome,
+    compare,
+    confirm,
+    divergence,
+    load_differs,
+    min_pairs,
+    needs_another_sample,
+    only_speed_fails,
+)
 from opsctl.gate.sample import CompareRequest, ComparisonSample
 from opsctl.inventory import CompareSettings
 
@@ -118,10 +127,14 @@ def test_divergence_counts_only_the_compared_tokens_and_an_early_end() -> None:
 
 
 def test_load_beyond_the_bound_makes_speed_undecided_but_answers_are_still_judged() -> None:
-    busy = side(scale=1.5, load=12.0)
+    busy = side(scale=1.05, load=12.0)
     c = compare(side(load=0.0), busy, DEFAULTS)
     assert c.speed.outcome is Outcome.UNDECIDED and "the load differed (0 vs 12 running requests" in c.speed.why
     assert c.outcome is Outcome.UNDECIDED
+    # Withheld too when the measured decode is beyond the bound, but then never a PASS: UNPROVEN (issue 47).
+    slow = compare(side(load=0.0), side(scale=1.5, load=12.0), DEFAULTS)
+    assert slow.speed.outcome is Outcome.UNPROVEN and "the load differed (0 vs 12 running requests" in slow.speed.why
+    assert slow.outcome is Outcome.UNPROVEN and slow.reasons[0].startswith("decode 0.67x of the baseline (p=")
     wrong = [(999,) * 32 for _ in range(16)]
     c = compare(side(load=0.0), side(scale=1.5, load=12.0, outputs=wrong), DEFAULTS)
     assert c.outcome is Outcome.FAIL and c.reasons[0].startswith("answers: 0/16 identical")
@@ -240,7 +253,8 @@ def test_a_busier_host_on_one_side_makes_speed_undecided() -> None:
     same = compare(with_host_s(side(), 0.004), with_host_s(side(scale=1.5), 0.0042), DEFAULTS, baseline="r1")
     assert same.outcome is Outcome.FAIL and same.load.host_ratio is not None and not same.load.host_differs
     busy = compare(with_host_s(side(), 0.004), with_host_s(side(scale=1.5), 0.006), DEFAULTS, baseline="r1")
-    assert busy.speed.outcome is Outcome.UNDECIDED and busy.outcome is Outcome.UNDECIDED
+    # Withheld (the contention explains it: 1.00x allowing for it), and a slowdown withheld is UNPROVEN, not a PASS.
+    assert busy.speed.outcome is Outcome.UNPROVEN and busy.outcome is Outcome.UNPROVEN
     assert "the host itself was busier on one side (a fixed CPU calibration took 1.50x as long" in busy.reason
     # A slowdown measured while the new side had the quieter host stands: contention there cannot have caused it.
     quiet_new = compare(with_host_s(side(), 0.006), with_host_s(side(scale=1.5), 0.004), DEFAULTS)
@@ -254,6 +268,58 @@ def test_a_busier_host_on_one_side_makes_speed_undecided() -> None:
     unknown = compare(side(), with_host_s(side(scale=1.5), 0.006), DEFAULTS)  # one side without the figure
     assert unknown.load.host_ratio is None and unknown.outcome is Outcome.FAIL
     assert busy.to_json()["load"]["host_differs"] is True
+
+
+def test_host_contention_that_cannot_explain_the_slowdown_does_not_withhold_the_fail() -> None:
+    # Issue 47: a release 1.5x slower measured decode 0.63x while the host's calibration differed by 1.16x (bound
+    # 1.15x); the FAIL was withheld and the release passed. A 1.16x busier host cannot make 0.63x: 0.73x allowing
+    # for it, still beyond the bound, so the FAIL stands and says why.
+    c = compare(with_host_s(side(), 0.004), with_host_s(side(scale=1 / 0.63), 0.00464), DEFAULTS, baseline="r1")
+    assert c.load.host_differs and c.speed.outcome is Outcome.FAIL and c.outcome is Outcome.FAIL
+    assert c.speed.adjusted_ratio is not None and 0.72 < c.speed.adjusted_ratio < 0.74
+    assert c.reasons[0].startswith("decode 0.63x of r1 (p=")
+    assert "took 1.16x as long on the new side; bound 1.15x; decode 0.73x allowing for it)" in c.reasons[0]
+    assert "it cannot explain the slowdown" in c.reasons[0] and only_speed_fails(c)  # measured again, as any
+    assert c.to_json()["speed"]["adjusted_ratio"] == c.speed.adjusted_ratio
+
+
+def test_a_slowdown_the_contention_can_explain_is_unproven_never_a_pass() -> None:
+    # 0.67x measured with the new side's host 1.45x busier: 0.97x allowing for it, so the contention may have made
+    # it: withheld. But the slowdown measured is beyond the bound: UNPROVEN, measured again, never a PASS.
+    c = compare(with_host_s(side(), 0.004), with_host_s(side(scale=1.5), 0.0058), DEFAULTS, baseline="r1")
+    assert c.speed.outcome is Outcome.UNPROVEN and c.outcome is Outcome.UNPROVEN and needs_another_sample(c)
+    assert c.reasons[0].startswith("decode 0.67x of r1 (p=") and "not proven, never a PASS" in c.reasons[0]
+    assert "decode 0.97x allowing for it" in c.reasons[0] and "not proven" in c.line()
+    # The same contention on a release within the bound withholds nothing worth proving: it passed in spite of it.
+    fine = compare(with_host_s(side(), 0.004), with_host_s(side(scale=1.05), 0.0058), DEFAULTS)
+    assert fine.outcome is Outcome.PASS and not needs_another_sample(fine)
+    # A busier old side withholds a PASS only when the adjusted figures show a slowdown it may hide.
+    faster = compare(with_host_s(side(), 0.0047), with_host_s(side(scale=0.75), 0.004), DEFAULTS)
+    assert faster.load.host_differs and faster.speed.outcome is Outcome.PASS  # 1.33x, 1.14x allowing for it
+    hidden = compare(with_host_s(side(), 0.006), with_host_s(side(scale=1.05), 0.004), DEFAULTS)
+    assert hidden.speed.outcome is Outcome.UNDECIDED and not needs_another_sample(hidden)
+
+
+def test_an_unproven_speed_is_measured_again_and_what_the_last_sample_says_stands() -> None:
+    busy_slow = compare(with_host_s(side(), 0.004), with_host_s(side(scale=1.5), 0.0058), DEFAULTS)
+    assert busy_slow.outcome is Outcome.UNPROVEN
+    still = confirm(busy_slow, busy_slow)
+    assert (
+        still.outcome is Outcome.UNPROVEN
+        and still.first_sample == "a first sample too: decode 0.67x (p=1.7e-09) withheld"
+    )
+    quiet_pass = confirm(busy_slow, compare(side(), side(scale=1.02), DEFAULTS))
+    assert quiet_pass.outcome is Outcome.PASS and quiet_pass.line().endswith("withheld not repeated")
+    quiet_fail = confirm(busy_slow, compare(side(), side(scale=1.5), DEFAULTS))
+    assert quiet_fail.outcome is Outcome.FAIL and quiet_fail.first_sample is not None
+    assert quiet_fail.first_sample.startswith("a first sample too:")  # slow twice: it stands
+    third = confirm(still, busy_slow, earlier=2)
+    assert third.outcome is Outcome.UNPROVEN and third.first_sample == (
+        "a first sample too: decode 0.67x (p=1.7e-09) withheld; a second sample too: decode 0.67x (p=1.7e-09) withheld"
+    )
+    # A speed FAIL whose second sample meets a busy host is not let through either.
+    first_fail = compare(side(), side(scale=1.5), DEFAULTS)
+    assert confirm(first_fail, busy_slow).outcome is Outcome.UNPROVEN
 
 
 def with_host_times(sample: ComparisonSample, seconds: list[float]) -> ComparisonSample:
@@ -278,7 +344,7 @@ def test_the_host_figure_is_the_mean_of_a_bimodal_calibration() -> None:
         with_host_times(side(scale=1.5), [0.0035] * 13 + [0.002] * 3),
         DEFAULTS,
     )
-    assert busier.load.host_differs and busier.speed.outcome is Outcome.UNDECIDED
+    assert busier.load.host_differs and busier.speed.outcome is Outcome.UNPROVEN  # withheld, never a PASS
 
 
 def test_only_a_fail_on_speed_alone_is_measured_again() -> None:
