@@ -28,7 +28,7 @@ import math
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 
 from ..errors import InventoryError, OpsError, UsageError
+from ..terminal import escaped
 from .completion import complete_target
 
 if TYPE_CHECKING:
@@ -48,10 +50,23 @@ if TYPE_CHECKING:
 # agree): named here so that --help does not import the inventory's models.
 ENV_VAR = "OPSCTL_INVENTORY"
 
+
+class EscapingConsole(Console):
+    """A console that never writes a control character it was handed as text: whatever a view forgot to pass
+    through :func:`opsctl.terminal.escaped` (text from a host, a journal or a sample) is escaped here, as the
+    terminal is about to get it. Rich's own sequences (colours from the styles, the live display's cursor moves,
+    which are control segments) are untouched; newlines and tabs in the text are kept (they are the layout)."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            seg if seg.control else Segment(escaped(seg.text, keep="\n\t"), seg.style) for seg in buffer
+        )
+
+
 # Piped output (logs, CI) is not cut to 80 columns; a terminal keeps its own width.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-out = Console(highlight=False, width=_WIDTH)
-err = Console(stderr=True, highlight=False, width=_WIDTH)
+out = EscapingConsole(highlight=False, width=_WIDTH)
+err = EscapingConsole(stderr=True, highlight=False, width=_WIDTH)
 
 InventoryOption = Annotated[
     Path | None,
@@ -251,7 +266,8 @@ def report_error(e: OpsError, *, as_json: bool = False, exit_code: int | None = 
     code = e.exit_code if exit_code is None else exit_code
     if options.debug:
         err.print(escape("".join(traceback.format_exception(e)).rstrip()), soft_wrap=True, highlight=False)
-    err.print(f"[bold red]error:[/] [red]{escape(e.message)}[/]", soft_wrap=True)
+    # A message may quote a host, a journal or a file: escaped (its own line breaks kept).
+    err.print(f"[bold red]error:[/] [red]{escape(escaped(e.message, keep=chr(10)))}[/]", soft_wrap=True)
     if as_json:
         emit_json({"error": e.message, "exit_code": code, "kind": type(e).__name__})
     return code
@@ -264,7 +280,7 @@ def report_unexpected(e: BaseException, *, as_json: bool = False, exit_code: int
         err.print(escape("".join(traceback.format_exception(e)).rstrip()), soft_wrap=True, highlight=False)
     message = f"{type(e).__name__}: {e}"
     hint = "" if options.debug else " (rerun with --debug for the traceback)"
-    err.print(f"[bold red]error:[/] [red]{escape(message)}[/]{hint}", soft_wrap=True)
+    err.print(f"[bold red]error:[/] [red]{escape(escaped(message, keep=chr(10)))}[/]{hint}", soft_wrap=True)
     if as_json:
         emit_json({"error": message, "exit_code": exit_code, "kind": type(e).__name__})
     return exit_code

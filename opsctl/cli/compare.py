@@ -7,8 +7,11 @@ it; never a pass), 2 for bad input. Connects nowhere: it imports neither the SSH
 from __future__ import annotations
 
 import json
+import os
+import re
+from json.decoder import scanstring
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -16,6 +19,7 @@ from rich.markup import escape
 from ..errors import EXIT_UNPROVEN, GateFailed, UsageError
 from ..gate.compare import Comparison, Outcome, compare
 from ..gate.sample import ComparisonSample, SampleError
+from ..terminal import escaped
 from . import common
 
 if TYPE_CHECKING:
@@ -23,7 +27,10 @@ if TYPE_CHECKING:
 
 app = typer.Typer()
 
-MAX_SAMPLE_BYTES = 256 * 1024 * 1024  # a sample at its bounds (4096 requests x 65,536 ids) is well below
+# A sample as a deploy records it is at most 256 requests (the inventory's MAX_PROMPTS) x 4096 ids (max_new_tokens)
+# of at most 11 bytes each, ~11.5 MB with its figures: a file larger than this is no sample. Checked before the
+# file is read, so that parsing (about 30 bytes of memory per byte of `{}`) stays near half a GB at worst.
+MAX_SAMPLE_BYTES = 16 * 1024 * 1024
 EXIT_UNDECIDED = EXIT_UNPROVEN  # no verdict on the release: the same code as a gate that could not prove it
 
 _OUTCOME_STYLE = {
@@ -35,28 +42,130 @@ _OUTCOME_STYLE = {
 }
 
 
+class _Duplicate(ValueError):
+    """A JSON object with a key twice (json keeps the last one silently: a forged second "requests" would win)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        raise _Duplicate("a key twice")
+    return doc
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    m = _WS.match(text, pos)
+    return m.end() if m else pos
+
+
+def _locate(text: str) -> tuple[int, str, str] | None:
+    """Where json.loads refused a sample that is otherwise JSON (a key twice, an integer of more than 4300 digits):
+    ``(offset, field, problem)``, found by walking the text with the standard library's own scanners (only on this
+    error path: a Python loop over the objects, linear in the text)."""
+    plain = json.JSONDecoder()
+
+    def ws(pos: int) -> int:
+        return _skip_ws(text, pos)
+
+    def walk(pos: int, path: str) -> tuple[int, str, str] | None:
+        pos = ws(pos)
+        if text.startswith("{", pos):
+            seen: set[str] = set()
+            pos = ws(pos + 1)
+            while not text.startswith("}", pos):
+                key_at = pos
+                key, pos = scanstring(text, pos + 1)
+                field = f"{path}.{key}" if path else key
+                if key in seen:
+                    return key_at, shown_field(field), "the key is given twice (JSON keeps only one: refused)"
+                seen.add(key)
+                pos = ws(pos) + 1  # the ':'
+                found = walk(pos, field)
+                if found:
+                    return found
+                pos = _after(pos)
+                pos = ws(pos)
+                if text.startswith(",", pos):
+                    pos = ws(pos + 1)
+            return None
+        if text.startswith("[", pos):
+            pos = ws(pos + 1)
+            i = 0
+            while not text.startswith("]", pos):
+                found = walk(pos, f"{path}[{i}]")
+                if found:
+                    return found
+                pos = ws(_after(pos))
+                if text.startswith(",", pos):
+                    pos = ws(pos + 1)
+                i += 1
+            return None
+        try:
+            plain.raw_decode(text, pos)
+        except ValueError:
+            return pos, shown_field(path or "(top level)"), "a number of more than 4300 digits"
+        return None
+
+    ends: dict[int, int] = {}
+
+    def _after(pos: int) -> int:
+        """The end of the value at ``pos`` (already walked, so it decodes with duplicates allowed)."""
+        pos = ws(pos)
+        if pos not in ends:
+            ends[pos] = plain.raw_decode(text, pos)[1]
+        return ends[pos]
+
+    try:
+        return walk(0, "")
+    except (ValueError, RecursionError, AttributeError):
+        return None
+
+
+def shown_field(field: str) -> str:
+    return escaped(field[:200])
+
+
 def read_sample(path: Path) -> ComparisonSample:
     """One side of a comparison from a file: the JSON the history records for it (``{"requests": [...]}``).
-    Every problem is a UsageError naming the file (and the line or the field)."""
+    Every problem is a UsageError naming the file (and the line or the field); the size is checked before the file
+    is read, and a key given twice is refused."""
     try:
         with path.open("rb") as f:
-            raw = f.read(MAX_SAMPLE_BYTES + 1)
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_SAMPLE_BYTES:
+                raise UsageError(
+                    f"{path}: {size:,} bytes, larger than {MAX_SAMPLE_BYTES // 2**20} MiB: not a comparison sample"
+                )
+            raw = f.read(MAX_SAMPLE_BYTES + 1)  # a file that grows meanwhile, or a pipe: bounded all the same
     except OSError as e:
         raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
     if len(raw) > MAX_SAMPLE_BYTES:
         raise UsageError(f"{path}: larger than {MAX_SAMPLE_BYTES // 2**20} MiB: not a comparison sample")
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: not UTF-8 text (byte {e.start}): not a comparison sample") from None
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise UsageError(f"{path}:{line}: not UTF-8 text (byte {e.start}): not a comparison sample") from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}:{e.lineno}: not JSON: {e.msg} (column {e.colno})") from None
     except RecursionError:
         raise UsageError(f"{path}: JSON nested too deeply: not a comparison sample") from None
+    except ValueError:  # a key twice, or an integer json will not convert (over 4300 digits)
+        found = _locate(text)
+        if found is None:
+            raise UsageError(f"{path}: a key given twice or a number too long: not a comparison sample") from None
+        at, field, problem = found
+        line = text.count("\n", 0, at) + 1
+        raise UsageError(f"{path}:{line}: {field}: {problem}: not a comparison sample") from None
     try:
         return ComparisonSample.from_json(doc)
     except SampleError as e:
-        raise UsageError(f"{path}: not a comparison sample: {e}") from None
+        raise UsageError(f"{path}: not a comparison sample: {escaped(str(e))}") from None
 
 
 def judge_settings(host: str | None, overrides: dict[str, float | int | None]) -> CompareSettings:
@@ -89,9 +198,10 @@ def exit_code(outcome: Outcome) -> int:
 
 def print_comparison(result: Comparison) -> None:
     style = _OUTCOME_STYLE[result.outcome]
-    common.out.print(f"comparison: [{style}]{result.outcome}[/] {escape(result.line())}", soft_wrap=True)
+    # A reason may quote a sample's error text (the server's words): escaped.
+    common.out.print(f"comparison: [{style}]{result.outcome}[/] {escape(escaped(result.line()))}", soft_wrap=True)
     for reason in result.reasons:
-        common.out.print(f"  {escape(reason)}", soft_wrap=True)
+        common.out.print(f"  {escape(escaped(reason))}", soft_wrap=True)
 
 
 @app.command("compare")

@@ -86,14 +86,23 @@ class GateBoard:
         order = {LineVerdict.FAIL: 0, LineVerdict.INCONCLUSIVE: 1}
         return sorted(out, key=lambda x: (order.get(x[1], 2), -1 if x[0][0] is None else x[0][0], x[0][1]))
 
+    def cells_text(self) -> str:
+        """``5 of 6 rank-layer cells passing``; before any parity line (a gate without verify traffic, UNPROVEN at
+        its deadline) ``no parity line yet``, not "0 of 0"."""
+        if not self.cells:
+            return "no parity line yet"
+        n = sum(1 for c in self.cells.values() if c.verdict is LineVerdict.PASS)
+        return f"{n} of {len(self.cells)} rank-layer cells passing"
+
     def summary(self, limit: int = 4) -> str:
         """One line: the failing ranks and layers (``FAIL TP3 L12 rel=0.41 x12; INCONCLUSIVE TP1 L0 x2``), or how
         many cells passed."""
         bad = self.failing()
         if not bad:
-            n = sum(1 for c in self.cells.values() if c.verdict is LineVerdict.PASS)
+            if not self.cells:
+                return self.cells_text()
             lines = sum(c.lines for c in self.cells.values())
-            return f"{n} of {len(self.cells)} rank-layer cells passing ({lines} lines)"
+            return f"{self.cells_text()} ({lines} lines)"
         parts = [
             f"{verdict} {where(cell)}"
             + (f" ({self.cells[cell].malformed})" if self.cells[cell].malformed else f" rel={fmt_rel(worst)}")

@@ -20,6 +20,7 @@ from ..health.checks import check_hosts
 from ..health.levels import EXIT_HEALTH_ERROR, HealthRun, Level
 from ..health.localstate import HealthHistory, write_atomic
 from ..health.probe import ssh_probe
+from ..terminal import escaped
 from . import common, render
 
 console = common.out
@@ -133,12 +134,16 @@ def _health(
     else:
         console.print(render.render_table(run.results))
         for line in render.details(run.results):
-            console.print(line, style="yellow" if " WARN:" in line else "red", highlight=False)
+            console.print(line, style="yellow" if " WARN:" in line else "red", highlight=False, markup=False)
         for d in deliveries:
             if not d.ok:
-                err_console.print(f"alert for {d.alert.host} not delivered ({d.target}): {d.error}", style="red")
+                err_console.print(
+                    escaped(f"alert for {d.alert.host} not delivered ({d.target}): {d.error}"),
+                    style="red",
+                    markup=False,
+                )
             elif d.target != "none":
-                console.print(f"alert sent ({d.target}): {d.alert.summary}", highlight=False)
+                console.print(escaped(f"alert sent ({d.target}): {d.alert.summary}"), highlight=False, markup=False)
         verdict = ["OK", "WARN", "CRIT"][run.exit_code]
         console.print(
             f"health {name}: {verdict} ({len(run.results)} host(s) in {elapsed:.2f}s)",
@@ -169,11 +174,11 @@ def _rollback(hosts: list[inv.HostConfig], run: HealthRun, quiet: bool) -> list[
             res = pipeline.rollback(by_name[r.host])
             out.append({"host": r.host, "ok": res.ok, "release": res.release, "verdict": res.verdict})
             if not quiet:
-                console.print(res.line(), style="green" if res.ok else "red", highlight=False)
+                console.print(escaped(res.line()), style="green" if res.ok else "red", highlight=False, markup=False)
         except OpsError as e:
             out.append({"host": r.host, "ok": False, "error": e.message})
             if not quiet:
-                err_console.print(f"{r.host}: rollback failed: {e.message}", style="red")
+                err_console.print(escaped(f"{r.host}: rollback failed: {e.message}"), style="red", markup=False)
     return out
 
 

@@ -19,6 +19,7 @@ from ..gate.lines import FallbackLine, KdtreeLine, ParityLine, ShapesLine, parse
 from ..host import views
 from ..inventory import HostConfig
 from ..journal.query import message_text
+from ..terminal import escaped
 from . import common
 from .common import escape_brackets as escape
 from .parityview import LineJudge, fmt, parity_table, verdict_style
@@ -131,7 +132,7 @@ class _LogPrinter:
         elif isinstance(rec, ShapesLine):
             _print_shapes(when, rec)
         else:
-            console.print(f"{when} {msg}", highlight=False, markup=False, soft_wrap=True)
+            console.print(f"{when} {escaped(msg)}", highlight=False, markup=False, soft_wrap=True)
 
     def _decoded_line(self, when: str, judged: Judgement) -> None:
         """Piped: one line an entry, never wrapped: ``TIME HOST parity TP0 L30 rel=.. max_abs_diff=.. mean=..
@@ -145,7 +146,8 @@ class _LogPrinter:
             rank = f"TP{p.rank} " if p.rank is not None else ""
             what = f"{rank}L{p.layer} rel={fmt(p.rel)} max_abs_diff={fmt(p.max_abs_diff)} mean={fmt(p.mean)}"
         why = "" if judged.verdict is LineVerdict.PASS else f" ({judged.reason})"
-        console.file.write(f"{when} {self.h.name} parity {what} {judged.verdict}{why}\n")
+        # Written past rich (never wrapped): the message's own text escaped here.
+        console.file.write(escaped(f"{when} {self.h.name} parity {what} {judged.verdict}{why}") + "\n")
         if self.stream:
             console.file.flush()
 
@@ -155,7 +157,9 @@ class _LogPrinter:
         # A newline (never in a stdout line; possible from another writer) would make a second line out of the
         # message's middle: U+FFFD keeps it one line, and a marked message with it stays malformed.
         one_line = msg.replace("\n", "\ufffd")
-        console.file.write(f"{_iso_time(stamp)} {self.h.name} {self.h.unit}: {one_line}\n")
+        # Escaped like every view (an ESC or U+202E would reach the terminal); the token and the marker keep their
+        # characters, so the parity check of this text still finds them.
+        console.file.write(f"{_iso_time(stamp)} {self.h.name} {self.h.unit}: {escaped(one_line)}\n")
         if self.stream:
             console.file.flush()
 
@@ -167,7 +171,7 @@ class _LogPrinter:
             return
         p = judged.line
         if p is None:  # the marker inside another message: the message itself
-            what = escape(judged.raw)
+            what = escape(escaped(judged.raw))
         else:
             rank = f"TP{p.rank} " if p.rank is not None else ""
             what = f"{rank}L{p.layer} max_abs_diff={fmt(p.max_abs_diff)} mean={fmt(p.mean)} rel={fmt(p.rel)}"

@@ -15,6 +15,7 @@ from ..errors import GateFailed, UsageError
 from ..gate.decision import LineVerdict
 from ..gate.lines import TOKEN_RE as _TOKEN_RE
 from ..gate.parity_check import BLOCK_BYTES, InputFormat, JournalReader, ParityCheck, check_entries
+from ..terminal import escaped
 from . import common
 from .parityview import verdict_style
 
@@ -86,6 +87,45 @@ def _token(token: str | None) -> str | None:
     return token
 
 
+MAX_TOKEN_FILE_BYTES = 64 * 1024  # state/parity.env is one line; read no more than this
+
+
+def _token_from_file(path: str, source: str) -> str:
+    """The token from a file (``state/parity.env``, ``KDTREE_PARITY_TOKEN=<token>``, or the bare token on its own
+    line), ``-`` for stdin: never from the command line, where ``ps`` shows it. Nothing of the file's content is
+    ever printed (it is a secret)."""
+    from kdtree_backend.wire import PARITY_TOKEN_VAR
+
+    if path == "-":
+        if source == "-":
+            raise UsageError("--token-file -: the journal is already on stdin; give the token file's path")
+        data = sys.stdin.buffer.read(MAX_TOKEN_FILE_BYTES + 1)
+        where = "--token-file - (stdin)"
+    else:
+        where = f"--token-file {escaped(path)}"
+        try:
+            with Path(path).open("rb") as f:
+                data = f.read(MAX_TOKEN_FILE_BYTES + 1)
+        except OSError as e:
+            raise UsageError(f"{where}: cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        raise UsageError(f"{where}: larger than {MAX_TOKEN_FILE_BYTES // 1024} KiB: not a token file")
+    text = data.decode("utf-8", errors="replace")
+    assigned = [
+        value.strip().strip("'\"")
+        for key, sep, value in (line.partition("=") for line in text.splitlines())
+        if sep and key.strip() == PARITY_TOKEN_VAR
+    ]
+    words = text.split()
+    found = assigned[-1] if assigned else (words[0] if len(words) == 1 and "=" not in words[0] else None)
+    if found is None or not _TOKEN_RE.fullmatch(found):
+        raise UsageError(
+            f"{where}: holds no token ({len(data)} bytes; want a {PARITY_TOKEN_VAR}=<token> line, as in "
+            "state/parity.env, or the token alone: 8 to 128 characters of A-Z a-z 0-9 _ -; content not shown)"
+        )
+    return found
+
+
 def _print(check: ParityCheck, all_invocations: bool) -> None:
     if all_invocations and len(check.invocations) > 1:
         _print_invocations(check)
@@ -98,10 +138,10 @@ def _print_invocations(check: ParityCheck) -> None:
     """--all: each invocation found in the text, with its own verdict."""
     for inv in check.invocations:
         v = inv.state.verdict
-        tok = f" token {inv.token}" if inv.token else ""
+        tok = f" token {escape(escaped(inv.token))}" if inv.token else ""
         common.out.print(
             f"invocation {inv.index} (lines {inv.first_line}-{inv.last_line}{tok}): "
-            f"[{verdict_style(v)}]{v}[/] {escape(inv.state.reason)} "
+            f"[{verdict_style(v)}]{v}[/] {escape(escaped(inv.state.reason))} "
             f"({inv.state.lines} counted, {inv.ignored} ignored)",
             soft_wrap=True,
         )
@@ -114,7 +154,7 @@ def _print_lines(check: ParityCheck) -> None:
         where = f" {j.line.where}" if j.line is not None else ""
         late = " [dim](after the gate had decided)[/]" if j.after_decision else ""
         common.out.print(
-            f"line {c.number:>5}{where}: [{verdict_style(j.verdict)}]{j.verdict}[/] {escape(j.reason)}{late}",
+            f"line {c.number:>5}{escape(where)}: [{verdict_style(j.verdict)}]{j.verdict}[/] {escape(escaped(j.reason))}{late}",
             soft_wrap=True,
         )
 
@@ -157,7 +197,7 @@ def _print_gate(check: ParityCheck) -> None:
     st, s = check.state, check.state.settings
     token = "checked (given)" if check.token_given else ("checked (the invocation's own)" if st.token else "none seen")
     common.out.print(
-        f"gate: [{verdict_style(st.verdict)}]{st.verdict}[/] {escape(st.reason)} "
+        f"gate: [{verdict_style(st.verdict)}]{st.verdict}[/] {escape(escaped(st.reason))} "
         f"(judged {_judged_which(check)}; {st.lines} parity lines counted, {check.judged.ignored} ignored; "
         f"pass rel <= {s.pass_rel:g}, fail rel >= {s.fail_rel:g}, {s.consecutive_passes} consecutive passes per "
         f"rank, {'TP ' + str(st.expected_ranks) if st.expected_ranks else 'ranks as seen'}, token {escape(token)})",
@@ -189,8 +229,17 @@ def check(
         str | None,
         typer.Option(
             "--token",
-            help="The invocation's token (state/parity.env): only lines carrying it count, as in the deploy's gate. "
-            "Without it the last invocation in the text is judged with its own token.",
+            help="The invocation's token: only lines carrying it count, as in the deploy's gate. Without it the last "
+            "invocation in the text is judged with its own token. Visible to other users in ps: prefer --token-file.",
+        ),
+    ] = None,
+    token_file: Annotated[
+        str | None,
+        typer.Option(
+            "--token-file",
+            help="Read the token from this file: state/parity.env (KDTREE_PARITY_TOKEN=...) or the token alone; "
+            "- for stdin (when the journal comes from a file).",
+            show_default=False,
         ),
     ] = None,
     all_invocations: Annotated[
@@ -200,11 +249,15 @@ def check(
 ) -> None:
     """Judge \\[kdtree] parity lines from a journal as the deploy's gate would; exit 0 only on PASS.
 
-    journalctl -u sglang-k26-ddtree -o short-iso --all | opsctl parity check - --tp 8 --token "$TOKEN"
+    journalctl -u sglang-k26-ddtree -o short-iso --all | opsctl parity check - --tp 8 --token-file /root/kdtree-engine/state/parity.env
     """
-    token = _token(token)
+    if token is not None and token_file is not None:
+        raise UsageError("--token and --token-file: give one of them")
+    token = _token(token) if token_file is None else _token_from_file(token_file, source)
     if all_invocations and token is not None:
-        raise UsageError("--all lists the invocations found without a token; with --token the whole text is judged")
+        raise UsageError(
+            "--all lists the invocations found without a token; with --token(-file) the whole text is judged"
+        )
     settings, host_tp = _settings(host, pass_rel, fail_rel, passes)
     reader = JournalReader("stdin" if source == "-" else source)
     stream = _open(source)

@@ -17,6 +17,7 @@ from rich.text import Text
 from ..gate.decision import GateState, Judgement, LineVerdict, Verdict, judge, judge_record
 from ..gate.lines import ParityLine
 from ..inventory import HostConfig
+from ..terminal import escaped
 
 # A line's verdict (LineVerdict), the gate's (Verdict) and a command's (DeployVerdict) share their words (PASS,
 # FAIL, ...): each is shown in the colour of its word, whichever of the three it is.
@@ -89,11 +90,11 @@ def describe_line(j: Judgement) -> str:
     """One judged line in words: ``TP3 L12 rel=0.41 FAIL``, or a malformed line's reason."""
     p = j.line
     if p is None:
-        return f"{j.raw.strip()[:120]} {j.verdict}"
+        return f"{escaped(j.raw.strip()[:120])} {j.verdict}"
     rank = f"TP{p.rank} " if p.rank is not None else ""
     why = malformed_reason(j)
     if why is not None:
-        return f"{rank}malformed line ({why}) {j.verdict}"
+        return f"{rank}malformed line ({escaped(why)}) {j.verdict}"
     return f"{rank}L{p.layer} rel={fmt(p.rel)} max_abs_diff={fmt(p.max_abs_diff)} {j.verdict}"
 
 
@@ -115,6 +116,6 @@ def parity_table(judgements: list[Judgement], title: str = "", times: list[str] 
             figures = [rank, "-", "-", "-", "-"]
         else:
             figures = [rank, f"L{p.layer}", fmt(p.max_abs_diff), fmt(p.mean), fmt(p.rel)]
-        extra = [why or ""] if any(reasons) else []
+        extra = [Text(escaped(why or ""))] if any(reasons) else []
         table.add_row(*([times[i]] if times else []), *figures, verdict_text(j.verdict), *extra)
     return table

@@ -27,6 +27,7 @@ from rich.text import Text
 
 from ..gate.decision import LineVerdict, Verdict
 from ..pipeline.report import GateProgress, info_kind
+from ..terminal import escaped
 from . import common
 from .common import escape_brackets as escape
 from .gateboard import GateBoard, fmt_rel, probe_text
@@ -140,8 +141,9 @@ class RichReporter:
         self.label = f"{release} ({'new' if action == 'deploy' else action})" if release else ""
         self.progress = _Display(
             SpinnerColumn(finished_text=" "),
-            # The description gives way (ellipsis) so that the seconds stay whole on a narrow terminal.
-            TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
+            # The description wraps on a narrow terminal: a no_wrap column cannot give way, so rich cut every column
+            # to fit instead (the seconds to one digit at 100 columns, the comparison's detail at "decode…").
+            TextColumn("{task.description}", table_column=Column(no_wrap=False, overflow="fold", ratio=1)),
             _Seconds(table_column=Column(no_wrap=True, min_width=7, justify="right")),
             console=out,
             transient=False,
@@ -169,11 +171,12 @@ class RichReporter:
     # ------------------------------------------------------------------------------------------------- output
 
     def _line(self, markup: str, plain: str) -> None:
-        """One event: above the live display (markup), or one unwrapped line of text off a terminal."""
+        """One event: above the live display (markup), or one unwrapped line of text off a terminal. Its pieces may
+        come from the host (an ignored line, a step's detail): shown escaped, whichever way it goes out."""
         if self.live:
-            self.progress.console.print(markup, highlight=False)
+            self.progress.console.print(escaped(markup), highlight=False)
         else:
-            self.out.file.write(plain.replace("\n", " ") + "\n")
+            self.out.file.write(escaped(plain.replace("\n", " ")) + "\n")
             self.out.file.flush()
 
     # -------------------------------------------------------------------------------------------------- steps
@@ -193,10 +196,12 @@ class RichReporter:
             self.progress.board = self.board
             self.heartbeat_at = time.monotonic()
         if self.live:
-            self.tasks[name] = self.progress.add_task(f"[bold]{escape(name)}[/] {escape(detail)}".rstrip(), total=1)
+            self.tasks[name] = self.progress.add_task(
+                f"[bold]{escape(name)}[/] {escape(escaped(detail))}".rstrip(), total=1
+            )
 
     def _finish(self, name: str, mark: str, plain_mark: str, detail: str) -> None:
-        desc = f"{mark} [bold]{escape(name)}[/]" + (f" [dim]{escape(detail)}[/]" if detail else "")
+        desc = f"{mark} [bold]{escape(name)}[/]" + (f" [dim]{escape(escaped(detail))}[/]" if detail else "")
         if not self.live:
             if name in self.started:
                 secs = time.monotonic() - self.started.pop(name)
@@ -269,8 +274,7 @@ class RichReporter:
         if now - self.heartbeat_at < HEARTBEAT_S:
             return
         self.heartbeat_at = now
-        passing = sum(1 for c in board.cells.values() if c.verdict is LineVerdict.PASS)
-        parts = [f"{progress.deadline_left_s:.0f}s left", f"{passing} of {len(board.cells)} rank-layer cells passing"]
+        parts = [f"{progress.deadline_left_s:.0f}s left", board.cells_text()]
         if probe := probe_text(progress):
             parts.append(probe)
         text = f"  gate: {'; '.join(parts)}"
@@ -279,7 +283,7 @@ class RichReporter:
 
 def _verdict_line(res: pipeline.DeployResult) -> None:
     style = "bold green" if res.ok else "bold red"
-    console.print(Text(res.line(), style=style), soft_wrap=True)
+    console.print(Text(escaped(res.line()), style=style), soft_wrap=True)
 
 
 def _json_result(res: pipeline.DeployResult) -> dict[str, Any]:

@@ -25,10 +25,12 @@ def releases_command(
     the release it replaced; then the releases cleanup removed, and when. --json carries each release's comparison
     samples (for opsctl compare)."""
     from rich.table import Table
+    from rich.text import Text
 
     from ..host import history as host_history
     from ..host import views
     from ..host.comparisons import release_figures
+    from ..terminal import escaped
     from .parityview import verdict_text
 
     h = common.host_of(host, inventory_path, "releases")
@@ -88,21 +90,22 @@ def releases_command(
     present = [row for row in rows if "removed" not in row["flags"]]
     for row in present:
         commit = (row["commit"] or "-")[:10] + ("+dirty" if row["dirty"] else "")
+        # Ids, times and commits are read from the host: shown escaped, never as markup.
         table.add_row(
-            row["id"],
-            row["created"],
-            commit,
-            ", ".join(row["flags"]),
+            Text(escaped(str(row["id"]))),
+            Text(escaped(str(row["created"] or ""))),
+            Text(escaped(commit)),
+            Text(escaped(", ".join(row["flags"]))),
             verdict_text(row["verdict"]) if row["verdict"] else "-",
             decode_text(figures.get(row["id"])),
         )
     gone = [row for row in rows if "removed" in row["flags"]]
     for row in gone[:SHOWN_REMOVED]:
         table.add_row(
-            f"[dim]{row['id']}[/]",
+            Text(escaped(str(row["id"])), style="dim"),
             "-",
             "-",
-            f"[dim]removed {row['removed_at'] or '?'} ({row['removed_by']})[/]",
+            Text(escaped(f"removed {row['removed_at'] or '?'} ({row['removed_by']})"), style="dim"),
             verdict_text(row["verdict"]) if row["verdict"] else "-",
             "-",
         )

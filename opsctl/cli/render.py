@@ -13,6 +13,7 @@ from rich.text import Text
 
 from ..fleet.rollout import Outcome, RolloutReport
 from ..health.levels import CHECK_NAMES, HostHealth, Level, exit_code
+from ..terminal import escaped
 
 # ----------------------------------------------------------------------------------------------------------------
 # Health
@@ -36,9 +37,11 @@ def render_table(results: Sequence[HostHealth]) -> Table:
             if c is None:
                 row.append("")
             elif unreachable and name == "unit":
-                row.append(Text(ssh.detail if ssh else "", style=_STYLE[Level.CRIT]))
+                row.append(Text(escaped(ssh.detail) if ssh else "", style=_STYLE[Level.CRIT]))
             else:
-                short = c.detail if len(c.detail) <= 40 else c.detail[:39] + "…"
+                # A check's detail quotes the host (a unit state, a journal line): escaped.
+                detail = escaped(c.detail)
+                short = detail if len(detail) <= 40 else detail[:39] + "…"
                 label = c.level.value if c.level in (Level.OK, Level.SKIP) else f"{c.level.value}: {short}"
                 row.append(Text(label if c.level is not Level.SKIP else "n/a", style=_STYLE[c.level]))
         row.append(f"{r.elapsed_s:.2f}s")
@@ -52,7 +55,7 @@ def details(results: Sequence[HostHealth]) -> list[str]:
     for r in results:
         for c in r.checks:
             if c.level in (Level.WARN, Level.CRIT):
-                lines.append(f"{r.host} {c.name} {c.level.value.upper()}: {c.detail}")
+                lines.append(f"{r.host} {c.name} {c.level.value.upper()}: {escaped(c.detail)}")
     return lines
 
 

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ..terminal import escaped
 from . import common
+from .common import escape_brackets
 
 if TYPE_CHECKING:
     from ..gate.decision import Judgement
@@ -203,23 +205,30 @@ def _print_comparison(running: ReleaseFigures | None) -> None:
     )
 
 
+def _shown(text: object) -> str:
+    """Host text inside markup: escaped (opsctl.terminal) and its brackets too."""
+    return escape_brackets(escaped(str(text)))
+
+
 def _print_state(h: HostConfig, snap: HostSnapshot, told: Story, bad: tuple[list[str], int], lock: str | None) -> None:
     from ..pipeline.result import describe_restart_times
     from .parityview import verdict_style
 
     active = snap.unit.active_state == "active"
     unit_style = "green" if active else "red"
+    # What the host told (the unit's states, the release ids it names) is shown escaped, never as markup.
+    state = _shown(f"{snap.unit.active_state}/{snap.unit.sub_state}")
     console.print(
-        f"[bold]{h.name}[/] ({h.target}) unit {h.unit}: [{unit_style}]{snap.unit.active_state}/{snap.unit.sub_state}[/]"
-        f" restarts={snap.unit.n_restarts}",
+        f"[bold]{h.name}[/] ({h.target}) unit {h.unit}: [{unit_style}]{state}[/] restarts={snap.unit.n_restarts}",
         soft_wrap=True,
     )
     present, removed = bad
-    bad_text = ", ".join(present) or "none"
+    bad_text = _shown(", ".join(present) or "none")
     if removed:
         bad_text += f" (+{removed} removed by cleanup)"
     console.print(
-        f"current release: [bold]{snap.current or 'none'}[/]  last good: {snap.last_good or 'none'}  bad: {bad_text}",
+        f"current release: [bold]{_shown(snap.current or 'none')}[/]  last good: {_shown(snap.last_good or 'none')}"
+        f"  bad: {bad_text}",
         soft_wrap=True,
     )
     if not snap.is_managed:
@@ -227,7 +236,8 @@ def _print_state(h: HostConfig, snap: HostSnapshot, told: Story, bad: tuple[list
     last = told.last
     if last is not None and last.verdict is not None:
         head = (
-            f"last verdict: [{verdict_style(last.verdict)}]{last.verdict}[/] ({last.event} {last.release} at {last.at})"
+            f"last verdict: [{verdict_style(last.verdict)}]{_shown(last.verdict)}[/] "
+            f"({_shown(f'{last.event} {last.release} at {last.at}')})"
         )
         if told.times is not None:
             head += f"; {describe_restart_times(told.times, with_record=False)}"
@@ -235,7 +245,7 @@ def _print_state(h: HostConfig, snap: HostSnapshot, told: Story, bad: tuple[list
     if told.earlier_times is not None:
         label = "last probed restart (an earlier record)" if last is not None else "last probed restart"
         console.print(f"{label}: {describe_restart_times(told.earlier_times)}", highlight=False, soft_wrap=True)
-    console.print(f"lock: {lock or 'free'}   free disk: {snap.free_mb} MB", highlight=False, soft_wrap=True)
+    console.print(f"lock: {_shown(lock or 'free')}   free disk: {snap.free_mb} MB", highlight=False, soft_wrap=True)
     if not active:
         console.print(f"the unit is not active: exit {EXIT_UNIT_NOT_ACTIVE}", style="red", highlight=False)
 

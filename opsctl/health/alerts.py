@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..inventory import HostConfig, WebhookUrl
+from ..inventory.fields import redacted_command
 from .levels import HostHealth, Level
 from .localstate import state_dir, write_atomic
 
@@ -115,10 +116,11 @@ def _run_command(command: str, alert: Alert, body: bytes) -> Delivery:
     try:
         r = subprocess.run(shlex.split(command), input=body, env=env, capture_output=True, timeout=DELIVERY_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired, ValueError) as e:
-        return Delivery(alert, "command", False, f"{command!r}: {e}")
+        return Delivery(alert, "command", False, f"{redacted_command(command)}: {e}")
     if r.returncode != 0:
+        # The command is named by its program only: its arguments may hold a secret (as `hosts --json` shows it).
         tail = r.stderr.decode(errors="replace").strip()[-200:]
-        return Delivery(alert, "command", False, f"{command!r} exited {r.returncode}: {tail}")
+        return Delivery(alert, "command", False, f"{redacted_command(command)} exited {r.returncode}: {tail}")
     return Delivery(alert, "command", True)
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 from ..errors import OpsError, UsageError
 from ..hostdata.facts import parse_systemctl_show
 from ..inventory import HostConfig
+from ..inventory.loader import MAX_CALENDAR_CHARS
+from ..terminal import escaped
 from ..unit.systemctl import systemctl_argv
 from .levels import FINDING_EXIT_CODES
 from .localstate import state_dir, write_atomic
@@ -199,11 +201,17 @@ class ScheduleResult:
 
 def verify_calendar(expression: str, runner: Runner = _run) -> None:
     """Ask systemd whether OnCalendar parses, so a typo fails here and not silently in the timer."""
+    if len(expression) > MAX_CALENDAR_CHARS:  # before asking systemd-analyze (docs/gate.md "Health checks")
+        raise UsageError(
+            f"health.on_calendar: {len(expression):,} characters; a calendar expression may have at most "
+            f"{MAX_CALENDAR_CHARS:,}"
+        )
     if shutil.which("systemd-analyze") is None:
         return
     r = runner(["systemd-analyze", "calendar", "--", expression])
     if r.returncode != 0:
-        raise UsageError(f"health.on_calendar {expression!r} is not a systemd calendar expression: {r.stderr.strip()}")
+        said = escaped(r.stderr.strip()[:1000])  # it quotes the expression
+        raise UsageError(f"health.on_calendar {expression!r} is not a systemd calendar expression: {said}")
 
 
 def install(spec: ScheduleSpec, *, user: bool, runner: Runner = _run, activate: bool | None = None) -> ScheduleResult:

@@ -9,7 +9,15 @@
 
 from .fields import WebhookUrl
 from .loader import ENV_VAR, Inventory, default_path, load, parse
-from .settings import CompareSettings, GateSettings, HostConfig, ProbeSettings, ServiceSettings, with_options
+from .settings import (
+    CompareSettings,
+    GateSettings,
+    HostConfig,
+    ProbeSettings,
+    ServiceSettings,
+    SpeedSettings,
+    with_options,
+)
 
 __all__ = [
     "ENV_VAR",
@@ -19,6 +27,7 @@ __all__ = [
     "Inventory",
     "ProbeSettings",
     "ServiceSettings",
+    "SpeedSettings",
     "WebhookUrl",
     "default_path",
     "load",

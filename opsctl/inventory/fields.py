@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import unicodedata
 import urllib.parse
 from typing import Annotated, Any
 
@@ -24,12 +23,15 @@ _HTTP_PATH_RE = re.compile(r"/[A-Za-z0-9._~/-]{0,255}")
 _SHELL_META = set(";&|$`\\\"'<>(){}[]*?!#~\n\r\t ")
 
 
+# Unicode's category Cc is exactly C0, DEL and C1: searched by the regex engine (one pass in C, not a Python loop
+# over every character of an 8 MB inventory).
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def control_character(value: str) -> str | None:
     """The first control character in ``value`` (NUL, CR, LF, TAB, DEL, C1 ...), named for an error message."""
-    for ch in value:
-        if unicodedata.category(ch) == "Cc":
-            return f"U+{ord(ch):04X}"
-    return None
+    m = _CONTROL_RE.search(value)
+    return f"U+{ord(m.group()):04X}" if m else None
 
 
 def no_control_characters(value: Any) -> Any:
@@ -89,13 +91,40 @@ def _webhook(value: WebhookUrl) -> WebhookUrl:
     return value
 
 
+# An alert command is a program and a few arguments. The cap is checked before anything else: shlex's splitting
+# is quadratic in a word's length (a 1 MB value took 23 s), and the inventory may be 8 MB.
+MAX_ALERT_COMMAND_CHARS = 4096
+_SHELL_SYNTAX = ("$(", "`", ";", "\n", "&&", "|")
+_ASSIGNMENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
 def _alert_command(value: str) -> str:
+    # The value is never quoted in a message: its arguments often carry a token or a webhook URL.
+    if len(value) > MAX_ALERT_COMMAND_CHARS:
+        raise ValueError(
+            f"has {len(value):,} characters; an alert command may have at most {MAX_ALERT_COMMAND_CHARS:,} "
+            "(value not shown: its arguments may hold secrets)"
+        )
+    syntax = [s for s in _SHELL_SYNTAX if s in value]
+    if syntax:
+        raise ValueError(
+            f"contains shell syntax ({', '.join(repr(s) for s in syntax)}): it runs without a shell "
+            "(value not shown: its arguments may hold secrets)"
+        )
     try:
         argv = shlex.split(value)
     except ValueError as e:
-        raise ValueError(f"{value!r} does not split into words: {e}") from None
+        raise ValueError(f"does not split into words: {e} (value not shown: its arguments may hold secrets)") from None
     if not argv:
         raise ValueError("names no program to run")
+    if _ASSIGNMENT_RE.match(argv[0]):
+        # `TOKEN=x /bin/notify` is shell syntax (no shell runs it: the program would be "TOKEN=x"), and its
+        # redacted form would show the secret as the program's name.
+        name = argv[0].split("=", 1)[0]
+        raise ValueError(
+            f"starts with a variable assignment ({name}=...): it runs without a shell; name the program first, and "
+            "keep secrets out of the inventory (the alert gets OPSCTL_ALERT_* in its environment; value not shown)"
+        )
     return value
 
 
@@ -171,6 +200,6 @@ LocalPath = Annotated[str, AfterValidator(_local_path)]
 ShellArg = Annotated[str, AfterValidator(_shell_arg)]
 HttpPath = Annotated[str, AfterValidator(_http_path)]
 Webhook = Annotated[WebhookUrl, AfterValidator(_webhook)]
-AlertCommand = Annotated[str, AfterValidator(_shell_arg), AfterValidator(_alert_command)]
+AlertCommand = Annotated[str, AfterValidator(_alert_command)]
 GpuArch = Annotated[str, AfterValidator(_arch)]
 EnvName = Annotated[str, AfterValidator(_env_name)]

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from ..errors import InventoryError
+from ..terminal import escaped
 from .fields import NAME_RE, safe_name
 from .settings import HostConfig, Strict
 from .yamlsource import LineMap, inventory_error, read_yaml, shown
@@ -75,21 +76,43 @@ def load(path: str | os.PathLike[str] | None = None) -> Inventory:
     for host in inv.hosts.values():
         problem = calendar_problem(host.health.on_calendar)
         if problem:
-            raise InventoryError(f"{p}: hosts.{host.name}.health.on_calendar: {problem}")
+            raise InventoryError(f"{_written_at(text, p, host.name, ('health', 'on_calendar'))}: {problem}")
     return inv
+
+
+def _written_at(text: str, path: Path, host: str, field: tuple[str, ...]) -> str:
+    """``inventory.yaml:14: hosts.ct200.health.on_calendar``: where a host's setting is written (on the host, else
+    in ``defaults``). Reads the file's lines again: only on an error's path."""
+    lines = read_yaml(text, path)[1]
+    for key in (("hosts", host, *field), ("defaults", *field)):
+        if key in lines:
+            return f"{path}:{lines[key]}: {'.'.join(key)}"
+    return f"{path}: hosts.{host}.{'.'.join(field)}"
+
+
+# An OnCalendar expression is a few dozen characters ("Mon..Fri *-*-* 09:00:00 Europe/Berlin"). The cap is checked
+# before systemd-analyze is asked: over 128 KiB its start fails ("Argument list too long").
+MAX_CALENDAR_CHARS = 1024
 
 
 def calendar_problem(expression: str) -> str | None:
     """What systemd says is wrong with an OnCalendar expression (None when it parses, or when this machine has no
-    systemd-analyze to ask: the timer's own installation asks again)."""
+    systemd-analyze to ask: the timer's own installation asks again). systemd-analyze's words quote the
+    expression: shown escaped."""
+    if len(expression) > MAX_CALENDAR_CHARS:
+        return f"{len(expression):,} characters; a calendar expression may have at most {MAX_CALENDAR_CHARS:,}"
     if shutil.which("systemd-analyze") is None:
         return None
-    r = subprocess.run(
-        ["systemd-analyze", "calendar", "--", expression], capture_output=True, text=True, timeout=30, check=False
-    )
+    try:
+        r = subprocess.run(
+            ["systemd-analyze", "calendar", "--", expression], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"systemd-analyze could not check it: {escaped(str(e))[:300]}"
     if r.returncode == 0:
         return None
-    return f"{expression!r} is not a systemd calendar expression: {r.stderr.strip() or r.stdout.strip()}"
+    said = escaped((r.stderr.strip() or r.stdout.strip())[:1000])
+    return f"{expression!r} is not a systemd calendar expression: {said}"
 
 
 def _check_names(path: Path, lines: LineMap, raw: dict[str, Any]) -> None:

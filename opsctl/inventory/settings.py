@@ -198,6 +198,27 @@ class CompareSettings(StrictTypes):
         return len(self.input_ids) if self.input_ids else len(self.prompts)
 
 
+BatchSizes = Annotated[list[Annotated[int, Field(ge=1, le=512)]], Field(min_length=1, max_length=8)]
+PrefixLengths = Annotated[list[Annotated[int, Field(ge=1, le=1 << 20)]], Field(min_length=1, max_length=8)]
+
+
+class SpeedSettings(StrictTypes):
+    """The pre-restart speed check (docs/gate.md "The pre-restart speed check"): before the switch, the new
+    release's verify path is timed against the running release's on the host, on the same calls, alternating; a
+    release slower than ``1 + max_slowdown`` with ``p < alpha`` is refused before any restart (exit 31). The
+    defaults come from the measured noise (docs/gate.md, "The statistics")."""
+
+    enabled: bool = True
+    max_slowdown: float = Field(0.015, ge=0, lt=1)
+    alpha: float = Field(0.001, gt=0, le=0.5)  # the one-sided signed-rank test's level, over all the pairs
+    rounds: int = Field(8, ge=3, le=100)  # at most; fewer when budget_s is spent (never under 3)
+    budget_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)  # for the rounds, after both sides are loaded
+    heads: int | None = Field(None, ge=1, le=256)  # None: the release's replay.heads (per TP rank)
+    batch_sizes: BatchSizes | None = None  # None: 1, 8, 32 on a GPU (1, 2, 8 on the testbed's CPU)
+    prefixes: PrefixLengths | None = None  # None: 1k, 8k, 32k on a GPU (64, 128 on the testbed's CPU)
+    graphs: bool = True  # time CUDA graph replays, as the server runs the verify (eager where a graph fails)
+
+
 class GateSettings(Strict):
     """Thresholds of the parity gate (docs/gate.md)."""
 
@@ -210,6 +231,7 @@ class GateSettings(Strict):
     ssh_retries: int = Field(5, ge=0, le=100)
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     compare: CompareSettings = Field(default_factory=CompareSettings)
+    speed: SpeedSettings = Field(default_factory=SpeedSettings)
 
     @model_validator(mode="after")
     def _ordered(self) -> GateSettings:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LockHeld
+from ..terminal import escaped
 
 if TYPE_CHECKING:
     from ..hostdata.layout import Layout
@@ -109,13 +110,19 @@ def release_command(lock_dir: str, forced: bool = False) -> str:
 
 
 def json_object_or_none(text: str) -> dict[str, Any] | None:
+    """A JSON object from a host file; ``{"unreadable": what is wrong}`` when it is none. The text itself is never
+    kept there: the lock's owner.json holds the owner's token (a nonce), and a reason is printed."""
     if not text:
         return None
     try:
         value = json.loads(text)
-    except ValueError:
-        return {"unreadable": text[:200]}
-    return value if isinstance(value, dict) else {"unreadable": text[:200]}
+    except json.JSONDecodeError as e:  # its msg is the parser's own words, never the text
+        return {"unreadable": f"{len(text):,} characters, not JSON ({e.msg} at line {e.lineno} column {e.colno})"}
+    except (ValueError, RecursionError):
+        return {"unreadable": f"{len(text):,} characters, not JSON (a number too long, or nested too deep)"}
+    if not isinstance(value, dict):
+        return {"unreadable": f"{len(text):,} characters of JSON, not an object ({type(value).__name__})"}
+    return value
 
 
 @dataclass(frozen=True)
@@ -146,8 +153,12 @@ def describe_owner(owner: dict[str, Any] | None) -> str:
     if not owner:
         return "an unknown owner (no owner.json: being taken right now, or left by a crashed run)"
     if "unreadable" in owner:
-        return f"an unreadable owner record ({owner['unreadable']!r})"
-    return f"{owner.get('user', '?')}@{owner.get('client', '?')} pid {owner.get('pid', '?')} since {owner.get('since', '?')} ({owner.get('command', '?')})"
+        return f"an unreadable owner record ({escaped(str(owner['unreadable']))})"
+    # The record's words come from a file on the host: escaped; its token never shown.
+    user, client, pid, since, command = (
+        escaped(str(owner.get(k, "?"))) for k in ("user", "client", "pid", "since", "command")
+    )
+    return f"{user}@{client} pid {pid} since {since} ({command})"
 
 
 def acquire_lock(

@@ -1,6 +1,6 @@
 """``deploy``: a new release onto one host, as a list of steps (docs/pipeline.md).
 
-preflight -> lock -> upload -> verify -> build -> parity -> baseline -> switch -> unit -> restart -> gate ->
+preflight -> lock -> upload -> verify -> build -> parity -> speed -> baseline -> switch -> unit -> restart -> gate ->
 comparison -> record -> cleanup
 
 Before ``switch`` nothing that runs has changed (``baseline`` only sends the comparison workload to the running
@@ -19,6 +19,8 @@ from ..hostdata import facts
 from ..inventory import HostConfig
 from ..lock import hostlock
 from ..release import Manifest, make_manifest, stage
+from ..speed.check import run_speed_check
+from ..speed.judge import SpeedVerdict
 from ..ssh.session import Connect, DeployRemote, default_connect
 from ..ssh.transfer import RsyncStats
 from ..unit import unitfile
@@ -197,6 +199,22 @@ def _parity(manifest: Manifest) -> Step:
     return Step("parity", run_, when=lambda run: not run.opts.skip_prerestart_parity)
 
 
+def _speed(manifest: Manifest) -> Step:
+    """Pre-restart speed check: the new verify path timed against the running release's on the host; a slower one
+    is refused before the switch (the running release keeps serving, no restart), marked bad, exit 31. A check that
+    cannot run says so and lets the deploy go on (docs/gate.md "The pre-restart speed check")."""
+
+    def run_(run: Run) -> str:
+        judged = run_speed_check(run.r, run.host, run.layout, manifest.id, run.previous)
+        run.result.speed = judged.summary()
+        if judged.verdict is SpeedVerdict.FAIL:
+            reason = f"pre-restart {judged.line()}: {judged.reason}; nothing switched or restarted"
+            raise Rejected(DeployVerdict.FAIL, reason, stage="pre-restart speed", detail=f"FAIL: {judged.line()}")
+        return judged.line()
+
+    return Step("speed", run_, when=lambda run: run.host.gate.speed.enabled and not run.opts.skip_prerestart_parity)
+
+
 def _store_unit(src: Path, manifest: Manifest) -> Step:
     def run_(run: Run) -> None:
         text = unitfile.render_from_tree(src, run.host)
@@ -274,6 +292,7 @@ def deploy_steps(src: Path, manifest: Manifest, command: str = "deploy") -> list
         _verify(src, manifest),
         _build(manifest),
         _parity(manifest),
+        _speed(manifest),
         _store_unit(src, manifest),
         baseline_step(compared),
         switch_step(new, undoable=True),

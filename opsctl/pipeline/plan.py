@@ -150,6 +150,16 @@ def _steps(
     ]
     if not opts.skip_prerestart_parity:
         steps.append(f"pre-restart parity ({PRE_RESTART_PARITY_STEPS} replay steps, rel < {host.gate.fail_rel:g})")
+        speed = host.gate.speed
+        if speed.enabled:
+            against = snap.current if snap.current and snap.current != manifest.id else None
+            steps.append(
+                f"pre-restart speed: the verify path timed against {against}'s, alternating (up to {speed.rounds} "
+                f"rounds, {speed.budget_s:g}s); refused, before any restart, when slower than "
+                f"{1 + speed.max_slowdown:g}x with p < {speed.alpha:g}"
+                if against
+                else "pre-restart speed: skipped (no other running release to time against)"
+            )
     comparing = not opts.no_restart and host.gate.compare.enabled and host.service.mode != "replay"
     if comparing:
         against = snap.current or "nothing"

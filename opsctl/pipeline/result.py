@@ -49,6 +49,7 @@ class DeployResult:
     # The comparison with the release replaced (opsctl/pipeline/comparison.py: samples, the judge's result), or why
     # it was skipped; and the stage a verdict other than the gate's came from ("comparison").
     comparison: dict[str, Any] | None = None
+    speed: dict[str, Any] | None = None  # the pre-restart speed check (opsctl/speed/judge.py SpeedJudgement.summary)
     stage: str | None = None
 
     @property
