@@ -258,7 +258,17 @@ class GateState:
         self.restarts_seen = max(0, obs.n_restarts - self.baseline_restarts)
         if self.decided:
             return
-        if obs.active_state == "failed":
+        if obs.active_state == "failed" and obs.result == "resources":
+            # systemd could not set the process up (a missing EnvironmentFile, WorkingDirectory, User): the host's
+            # configuration, not the release, which never ran. Rolled back, not marked bad (issue 47).
+            self.config_error = True
+            self._decide(
+                Verdict.ERROR,
+                "the unit could not start: systemd found a resource missing (result=resources: an EnvironmentFile, "
+                "the working directory or the user); check service.environment_file and the unit on the host",
+                now,
+            )
+        elif obs.active_state == "failed":
             self._decide(Verdict.FAIL, f"unit failed (result={obs.result}, restarts={self.restarts_seen})", now)
         elif self.restarts_seen > self.settings.max_restarts:
             self._decide(

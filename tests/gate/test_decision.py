@@ -173,3 +173,14 @@ def test_conclude_decides_at_the_end_of_the_evidence() -> None:
     g.feed(line(0.02), 1)
     g.conclude(2)
     assert g.verdict is Verdict.INCONCLUSIVE
+
+
+def test_a_unit_systemd_could_not_set_up_is_a_configuration_error_not_a_fail() -> None:
+    """Result=resources (a missing EnvironmentFile, say: the API key file deleted after a deploy): the release never
+    ran, so the gate says ERROR with config_error (rolled back, never marked bad); another failure stays a FAIL."""
+    g = gate()
+    g.observe_unit(UnitObservation("failed", "failed", 0, "a", "resources"), 1)
+    assert g.verdict is Verdict.ERROR and g.config_error and "result=resources" in g.reason
+    g2 = gate()
+    g2.observe_unit(UnitObservation("failed", "failed", 0, "a", "exit-code"), 1)
+    assert g2.verdict is Verdict.FAIL and not g2.config_error
