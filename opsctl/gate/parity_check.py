@@ -22,6 +22,7 @@ is the **last** one's.
 from __future__ import annotations
 
 import json
+import json.scanner
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -141,8 +142,11 @@ class JournalReader:
             base = self.lines
             self.lines += len(lines)
             if self.format is InputFormat.JSON:
+                json_entry, skippable = self._json_entry, self._skippable
                 for number, line in enumerate(lines, base + 1):
-                    entry = self._json_entry(line, number)
+                    if MARKER not in line and skippable(line):
+                        continue
+                    entry = json_entry(line, number)
                     if entry is not None:
                         yield entry
                 continue
@@ -198,34 +202,81 @@ class JournalReader:
                 return
             offset = end + 1
 
+    def _skippable(self, line: str) -> bool:
+        """A JSON entry the check would pass over, told from its raw text without parsing it (json.loads of a
+        1 KB entry was most of this format's time): no marker, no piece of the watched token or a rest of it, the
+        current invocation's id (given once), one plain string MESSAGE, no ``_LINE_BREAK``, nothing that may start
+        the unit. Conservative: journalctl escapes only quotes, backslashes and control characters, so a marker or
+        token in the decoded MESSAGE is in the raw line too, unless a ``\\u`` escape spells it (such a line is
+        parsed); a key given twice is parsed (the last one wins). The text form skips the same lines."""
+        if (
+            MARKER in line
+            or "\\u" in line
+            or "Start" in line
+            or LAUNCH_START in line
+            or "_LINE_BREAK" in line
+            or line.count('"MESSAGE":') != 1
+            or '"MESSAGE":"' not in line
+            or '"invocation"' in line
+        ):
+            return False
+        body = line.strip()
+        if not (body.startswith(("{", "\x1e{", "data: {")) and body.endswith("}")):
+            return False
+        if (token := self.token) is not None and (
+            token[-MIN_TOKEN_PIECE:] in line or (self.rests and any(r in line for r in self.rests))
+        ):
+            return False
+        ids = line.count('"_SYSTEMD_INVOCATION_ID":')
+        if ids == 0:
+            return True  # systemd's own entries (without the field) keep the current invocation
+        current = self._invocation
+        return ids == 1 and bool(current) and f'"_SYSTEMD_INVOCATION_ID":"{current}"' in line
+
     def _json_entry(self, text: str, number: int) -> Entry | None:
-        body = text.lstrip("\x1e").strip()
-        if body.startswith("data: "):
-            body = body[6:]
+        if text[:1] == "{" and text[-1:] == "}":
+            body = text  # journalctl -o json: nothing to strip (no copy of a 1 KB line)
+        else:
+            body = text.lstrip("\x1e").strip()
+            if body.startswith("data: "):
+                body = body[6:]
         if not body:
             return None
+        # json.loads(body), without its Python layers (a third of its time on a 1 KB entry): the C scanner, and the
+        # same refusals (trailing data; not JSON; an integer over 4300 digits; nested too deep).
         try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
-            doc = None
-        if not isinstance(doc, dict):
+            doc, end = _SCAN(body, 0)
+        except (StopIteration, ValueError, RecursionError):
+            doc = end = None
+        if end != len(body) or type(doc) is not dict:
             # Not an entry (cut, or not JSON): judged as text, and a marked one is malformed (see _Checker.feed).
             self.unreadable += 1
             return Entry(number, text, unreadable=True)
-        if "MESSAGE" in doc and doc["MESSAGE"] is None:
-            self.left_out += 1
-        message = message_text(doc["MESSAGE"] if "MESSAGE" in doc else doc.get("message", ""))  # journalctl; logs
-        invocation = str(doc.get("_SYSTEMD_INVOCATION_ID") or doc.get("invocation") or "")
-        boundary = bool(invocation and self._invocation and invocation != self._invocation)
-        self._invocation = invocation or self._invocation
-        ident = doc.get("SYSLOG_IDENTIFIER") or doc.get("_COMM")
-        from_systemd = ident == "systemd" or (ident is None and str(doc.get("_PID", "1")) == "1")
-        boundary = (
-            boundary or LAUNCH_START in message or (from_systemd and message.startswith(("Starting ", "Started ")))
-        )
-        return Entry(number, message, invocation, boundary, split=line_break(doc))
+        if "MESSAGE" in doc:
+            value = doc["MESSAGE"]
+            if value is None:
+                self.left_out += 1
+        else:
+            value = doc.get("message", "")  # opsctl logs --json
+        message = value if type(value) is str else message_text(value)
+        invocation = doc.get("_SYSTEMD_INVOCATION_ID") or doc.get("invocation") or ""
+        if type(invocation) is not str:
+            invocation = str(invocation)
+        current = self._invocation
+        boundary = bool(invocation and current and invocation != current)
+        if invocation:
+            self._invocation = invocation
+        if not boundary:
+            if LAUNCH_START in message:
+                boundary = True
+            elif message.startswith(("Starting ", "Started ")):
+                ident = doc.get("SYSLOG_IDENTIFIER") or doc.get("_COMM")
+                boundary = ident == "systemd" or (ident is None and str(doc.get("_PID", "1")) == "1")
+        split = line_break(doc) if "_LINE_BREAK" in doc else ""
+        return _new_entry(Entry, (number, message, invocation, boundary, False, False, split))
 
 
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defined]
 _new_entry = tuple.__new__
 BLOCK_BYTES = 1 << 22  # read at a time; a line longer than this is cut (its start judged, its rest searched)
 _TOKEN_IN_TAIL = re.compile(rb"token=([A-Za-z0-9_-]{8,128})")
