@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,7 @@ def main() -> int:
                 _reply({"error": f"unknown op {op!r}"})
                 return 1
         except Exception as e:
+            traceback.print_exc()  # stderr: the orchestrator shows its tail
             _reply({"error": f"{type(e).__name__}: {str(e)[:300]}"})
             return 1
     return 0

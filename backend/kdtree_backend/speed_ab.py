@@ -73,14 +73,15 @@ class Worker:
             raise WorkerFailed(f"{self.name} side: the worker exited ({self._stderr_tail()})")
         doc = json.loads(line)
         if "error" in doc:
-            raise WorkerFailed(f"{self.name} side: {doc['error']}")
+            raise WorkerFailed(f"{self.name} side: {doc['error']} ({self._stderr_tail()})")
         return doc
 
     def _stderr_tail(self) -> str:
         self.proc.kill()
         err: IO[str] | None = self.proc.stderr
         text = err.read() if err is not None else ""
-        return " | ".join(text.strip().splitlines()[-3:]) or f"exit {self.proc.wait()}"
+        lines = [line for line in text.strip().splitlines() if not line.startswith("[W")]  # torch's warnings
+        return " | ".join(lines[-6:]) or f"exit {self.proc.wait()}"
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -109,52 +110,75 @@ def release_heads(release: Path) -> int:
         return 8
 
 
-def measure(config: dict[str, Any], new: Path, old: Path, log: IO[str]) -> dict[str, Any]:
-    """Both workers up, the calls built and loaded, then the rounds: the document opsctl judges."""
-    script = new / "deploy" / "speed_worker.py"
-    started = time.monotonic()
-    budget = float(config.get("budget_s") or 30.0)
-    sides = {"new": Worker("new", new, script), "old": Worker("old", old, script)}
-    try:
-        with tempfile.TemporaryDirectory(prefix="kdtree-speed-") as tmp:
-            calls_file = str(Path(tmp) / "calls.pt")
-            device = str(config.get("device") or "auto")
-            resolved = sides["new"].ask({"op": "device"})["device"] if device == "auto" else device
-            heads = int(config.get("heads") or release_heads(new))
-            cases = chosen_cases(config, resolved, heads)
-            seed = int(config.get("seed") or 0)
-            sides["new"].ask({"op": "build", "cases": cases, "file": calls_file, "seed": seed})
-            load = {"op": "load", "file": calls_file, "device": device, "graphs": bool(config.get("graphs", True)),
-                    "seed": seed}  # fmt: skip
-            ready = {name: side.ask(load) for name, side in sides.items()}
-        log.write(f"speed_ab: ready after {time.monotonic() - started:.1f}s: {json.dumps(ready)}\n")
-        reps = _reps(ready, float(config.get("timing_ms") or 10.0))
-        tries = max(1, int(config.get("tries") or 3))
+class Session:
+    """Both workers up and the calls loaded; :meth:`sample` then times them in rounds (the deploy takes one
+    sample; the GPU machine's benchmark takes many from one session, kernel/bench/speed_ab.py)."""
+
+    def __init__(self, config: dict[str, Any], new: Path, old: Path, log: IO[str]) -> None:
+        self.config, self.started = config, time.monotonic()
+        script = new / "deploy" / "speed_worker.py"
+        self.sides = {"new": Worker("new", new, script), "old": Worker("old", old, script)}
+        try:
+            with tempfile.TemporaryDirectory(prefix="kdtree-speed-") as tmp:
+                calls_file = str(Path(tmp) / "calls.pt")
+                device = str(config.get("device") or "auto")
+                resolved = self.sides["new"].ask({"op": "device"})["device"] if device == "auto" else device
+                heads = int(config.get("heads") or release_heads(new))
+                self.cases = chosen_cases(config, resolved, heads)
+                seed = int(config.get("seed") or 0)
+                self.sides["new"].ask({"op": "build", "cases": self.cases, "file": calls_file, "seed": seed})
+                load = {"op": "load", "file": calls_file, "device": device, "graphs": bool(config.get("graphs", True)),
+                        "seed": seed}  # fmt: skip
+                self.ready = {name: side.ask(load) for name, side in self.sides.items()}
+        except BaseException:
+            self.close()
+            raise
+        self.ready_s = time.monotonic() - self.started
+        log.write(f"speed_ab: ready after {self.ready_s:.1f}s: {json.dumps(self.ready)}\n")
+        self.reps = _reps(self.ready, float(config.get("timing_ms") or 10.0))
+        self.tries = max(1, int(config.get("tries") or 3))
+
+    def sample(self) -> dict[str, Any]:
+        """Rounds until ``rounds`` or ``budget_s`` (from the session's start; at least :data:`MIN_ROUNDS`)."""
+        config, sides = self.config, self.sides
+        budget = float(config.get("budget_s") or 30.0)
         rounds_max = max(MIN_ROUNDS, int(config.get("rounds") or 8))
-        pairs: list[dict[str, list[float]]] = [{"new": [], "old": []} for _ in cases]
-        rounds = 0
-        while rounds < rounds_max and (rounds < MIN_ROUNDS or time.monotonic() - started < budget):
+        pairs: list[dict[str, list[float]]] = [{"new": [], "old": []} for _ in self.cases]
+        began, rounds = time.monotonic(), 0
+        while rounds < rounds_max and (rounds < MIN_ROUNDS or time.monotonic() - self.started < budget):
             order = ("new", "old") if rounds % 2 == 0 else ("old", "new")
-            for i in range(len(cases)):
+            for i in range(len(self.cases)):
                 for name in order:
-                    timing = {"op": "time", "call": i, "reps": reps[i], "tries": tries}
+                    timing = {"op": "time", "call": i, "reps": self.reps[i], "tries": self.tries}
                     pairs[i][name].append(sides[name].ask(timing)["us"])
             rounds += 1
         return {
-            "device": ready["new"]["device"],
-            "paths": {name: ready[name]["path"] for name in sides},
-            "graphs": {name: ready[name]["graphs"] for name in sides},
+            "device": self.ready["new"]["device"],
+            "paths": {name: self.ready[name]["path"] for name in sides},
+            "graphs": {name: self.ready[name]["graphs"] for name in sides},
             "rounds": rounds,
-            "reps": reps,
-            "elapsed_s": round(time.monotonic() - started, 2),
+            "reps": self.reps,
+            "ready_s": round(self.ready_s, 2),
+            "rounds_s": round(time.monotonic() - began, 2),
+            "elapsed_s": round(time.monotonic() - self.started, 2),
             "calls": [
                 {"bs": c[0], "prefix": c[1], "q_len": c[2], "heads": c[3], "new_us": p["new"], "old_us": p["old"]}
-                for c, p in zip(cases, pairs, strict=True)
+                for c, p in zip(self.cases, pairs, strict=True)
             ],
         }
-    finally:
-        for side in sides.values():
+
+    def close(self) -> None:
+        for side in self.sides.values():
             side.close()
+
+
+def measure(config: dict[str, Any], new: Path, old: Path, log: IO[str]) -> dict[str, Any]:
+    """Both workers up, the calls built and loaded, then the rounds: the document opsctl judges."""
+    session = Session(config, new, old, log)
+    try:
+        return session.sample()
+    finally:
+        session.close()
 
 
 def _reps(ready: dict[str, dict[str, Any]], timing_ms: float) -> list[int]:

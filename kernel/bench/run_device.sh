@@ -13,7 +13,11 @@ t0=$(date +%s)
 stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s"; }
 
 stamp wheel
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 10
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 10
+else
+  echo "no wheels under .whl/: the stages that need SGLang (bench's baseline, sglang-kit) cannot run; the rest can"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 # The compute capability to build for and the tag of the results folder (kernel/bench/gpu_tag.py: 9.0 h200 on the
 # H200, 12.0 rtxpro6000 on the RTX PRO 6000); KDTREE_ARCH and KDTREE_GPU_TAG override them.
@@ -65,6 +69,11 @@ for stage in $stages; do
       python3 kernel/bench/probe_splits.py --partial-bytes --out "$OUT/partial-bytes.jsonl" > "$OUT/partial-bytes.log" 2>&1; tail -3 "$OUT/partial-bytes.log" ;;
     kernel-times)
       python3 kernel/bench/probe_splits.py --kernel-times --out "$OUT/kernel-times.jsonl" 2>&1 | tail -6 ;;
+    speed-ab)
+      # The pre-restart speed check's host program and judge on two builds: base, and a copy ~3% slower (issue 48).
+      python3 kernel/bench/speed_ab.py --out "$RESULTS" 2> "$OUT/speed-ab.log"; rc=$?
+      cp "$RESULTS/speed-ab.json" "$RESULTS/speed-ab.md" "$OUT/" 2>/dev/null; tail -5 "$OUT/speed-ab.log"
+      [ "$rc" = 0 ] || exit 17 ;;
     quick-bench)
       python3 kernel/bench/bench_verify.py --quick --sglang-site /tmp/site --out "$OUT/quick.json" 2> "$OUT/bench.log"; tail -5 "$OUT/bench.log" ;;
     profile)
