@@ -9,7 +9,7 @@
 #          variants) past the pre-restart check, and show the gate catch it on the probe's traffic and the host
 #          left on the good release.
 #   --slow: then deploy a copy whose every verify step takes 1.5x as long (`opsctl testbed variant slow`): parity
-#          passes, the comparison's decode speed FAILs, the release is rolled back.
+#          passes, the pre-restart speed check refuses it before the switch (no restart), exit 31.
 #   --common-mode: then deploy a copy with a metadata bug the kernel path and its reference share (`opsctl testbed
 #          variant common-mode`): parity passes, the answers differ, the comparison FAILs, rolled back.
 #   Each: exit 0 only when the good release PASSed and every bad one was caught (exit 31, the host back on the good
@@ -71,10 +71,15 @@ stage_and_line() {
 import json, sys
 rows = [r for r in json.load(sys.stdin) if r["id"] == sys.argv[1]]
 c = rows[0].get("comparison") if rows else None
-print((c or {}).get("stage") or "gate", (c or {}).get("line") or "-", sep="\t")' "$1"
+row = rows[0] if rows else {}
+# Refused before the switch (the pre-restart speed check): that stage and its reason; else the comparison'"'"'s.
+if row.get("stage") == "pre-restart speed":
+    print(row["stage"], row.get("reason") or "-", sep="\t")
+else:
+    print((c or {}).get("stage") or "gate", (c or {}).get("line") or "-", sep="\t")' "$1"
 }
 # caught NAME VARIANT STAGE [deploy options]: deploy `opsctl testbed variant VARIANT` of this tree; it must exit 31,
-# stop at STAGE ("gate" or "comparison") and leave local on the good release.
+# stop at STAGE ("gate", "comparison" or "pre-restart speed") and leave local on the good release.
 caught() {
     local name=$1 variant=$2 stage=$3 good now id got line bad_rc=0
     shift 3
@@ -96,7 +101,7 @@ caught() {
         IFS=$'\t' read -r got line < <(stage_and_line "$id")
     done
     now=$(current)
-    echo "== the comparison: $line"
+    echo "== the $got: $line"
     if [ "$bad_rc" = 31 ] && [ "$now" = "$good" ] && [ "$got" = "$stage" ]; then
         echo "== rehearsal: $name caught at the $stage (exit 31); local is back on the good release $good"
     else
@@ -109,7 +114,7 @@ if [ "$rc" = 0 ] && [ "$BAD" = 1 ]; then
         --skip-prerestart-parity "$@"
 fi
 if [ "$rc" = 0 ] && [ "$SLOW" = 1 ]; then
-    caught "every verify step 1.5x as long (parity passes)" slow comparison "$@"
+    caught "every verify step 1.5x as long (parity passes)" slow "pre-restart speed" "$@"
 fi
 if [ "$rc" = 0 ] && [ "$COMMON" = 1 ]; then
     caught "a metadata bug the kernel and its reference share (parity passes)" common-mode comparison "$@"

@@ -61,6 +61,9 @@ def releases_command(
                 "flags": flags,
                 "verdict": last.verdict if last else None,
                 "verdict_at": last.at if last else None,
+                # Where the last verdict was reached when not at the gate ("pre-restart speed", ...), and why.
+                "stage": last.stage if last else None,
+                "reason": last.reason if last else None,
                 "comparison": figures[rid].to_json(samples=True) if rid in figures else None,
             }
         )
