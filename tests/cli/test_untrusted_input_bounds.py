@@ -5,7 +5,6 @@ size, with a cap checked before the work; each refusal names the file, the line 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,23 +19,12 @@ from opsctl.errors import InventoryError
 from opsctl.health import alerts
 from opsctl.inventory import loader
 from opsctl.inventory.fields import MAX_ALERT_COMMAND_CHARS
+from tests.cli.test_untrusted_text import _opsctl
 from tests.gate.test_compare import side
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 J = "2026-05-31T13:04:12+0000 ct200 python[22251]: "
 SECRET = "SUPERSECRET123"
-
-
-def _opsctl(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "opsctl", *map(str, args)],
-        capture_output=True,
-        text=True,
-        input=stdin,
-        env={**os.environ, "OPSCTL_INVENTORY": "/nonexistent/inventory.yaml", "COLUMNS": "200"},
-        check=False,
-        timeout=120,
-    )
 
 
 def _passing_journal(tmp_path: Path) -> Path:
