@@ -2,14 +2,15 @@
 verdict and its figures out. Pure.
 
 Each call was timed on both releases once a round, back to back, the order flipped every round: a pair is
-``log(new / old)`` of one call in one round. The slowdown is the geometric mean over the calls (each call's
-pairs averaged first, so that every shape weighs the same), the evidence a one-sided Wilcoxon signed-rank test
+``log(new / old)`` of one call in one round. The slowdown is the geometric mean over the calls of each call's
+median pair (so that every shape weighs the same, and one busy round moves nothing), the evidence a one-sided Wilcoxon signed-rank test
 over all the pairs (:mod:`opsctl.gate.signedrank`). FAIL when the slowdown is beyond ``max_slowdown`` **and**
 ``p < alpha``; both numbers come from the measured noise (docs/gate.md "The pre-restart speed check")."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -44,8 +45,10 @@ class TimedCall:
         return [math.log(n / o) for n, o in zip(self.new_us, self.old_us, strict=True) if n > 0 and o > 0]
 
     def mean_log_ratio(self) -> float:
+        """The call's typical log ratio: the median of its pairs (a round that met a busy moment of the host
+        moves the mean, not the median)."""
         ratios = self.log_ratios()
-        return sum(ratios) / len(ratios) if ratios else 0.0
+        return statistics.median(ratios) if ratios else 0.0
 
 
 @dataclass(frozen=True)
