@@ -25,6 +25,7 @@ TREE_KINDS = ("tree", "chain", "star")
 DEFAULT_BURST_STEPS = 8
 STANDIN_FAULTS = (
     "nan", "rel-offset", "silent-rank", "crash-at-load", "http-500", "slow", "common-mode", "split-line",
+    "slow-batch",
 )  # fmt: skip
 
 
@@ -53,7 +54,8 @@ class ParityConfig:
 @dataclass(frozen=True)
 class StandinFault:
     """A failure the testbed's stand-in server injects (docs/testbed.md): ``kind`` one of STANDIN_FAULTS,
-    ``value`` the offset of rel-offset, the rank of silent-rank or split-line, or the factor of slow."""
+    ``value`` the offset of rel-offset, the rank of silent-rank or split-line, or the factor of slow and
+    slow-batch."""
 
     kind: str
     value: float = 0.0
@@ -67,11 +69,12 @@ class StandinFault:
         kind, _, arg = raw.partition(":")
         if kind not in STANDIN_FAULTS:
             raise ConfigError(f"{name} must be one of {', '.join(STANDIN_FAULTS)} (or null), got {raw!r}")
-        if kind == "slow":  # slow:F, every verify step takes F times as long
+        # slow:F, every verify step takes F times as long; slow-batch:F, only while 2 or more requests are decoded
+        if kind in ("slow", "slow-batch"):
             try:
                 factor = float(arg)
             except ValueError:
-                raise ConfigError(f"{name} {raw!r}: slow needs a factor, e.g. slow:1.5") from None
+                raise ConfigError(f"{name} {raw!r}: {kind} needs a factor, e.g. {kind}:1.5") from None
             if not 1.0 <= factor <= 100.0:
                 raise ConfigError(f"{name} {raw!r}: the factor must be in 1..100")
             return StandinFault(kind, factor)

@@ -22,7 +22,8 @@ backend's real verify path on CPU and print the server's ``[kdtree]`` lines (doc
   line and a parity line from another thread never reach journald glued into one message.
 * ``standin.fault`` in deploy/kdtree.json injects a failure: nan, rel-offset:X, silent-rank:R, split-line:R (rank
   R's first parity line fails, padded so that journald cuts it inside its token), crash-at-load,
-  http-500, slow:F (every verify step F times as long), common-mode (a wrong ``sm_scale`` in the verify metadata,
+  http-500, slow:F (every verify step F times as long), slow-batch:F (F times as long while 2 or more requests
+  are being decoded: a kernel slower only at larger batches), common-mode (a wrong ``sm_scale`` in the verify metadata,
   read by the kernel path and the reference alike: parity passes, the answers change). ``standin.load_delay_s``
   is the load delay (``--load-delay`` wins).
 """
@@ -118,6 +119,9 @@ class Scheduler:
             common_mode=fault is not None and fault.kind == "common-mode",
         )
         self.slow_factor = fault.value if fault is not None and fault.kind == "slow" else 1.0
+        # slow-batch:F: a verify step F times as long while 2 or more requests are being decoded (a kernel whose
+        # plan is slower at larger batches); one request alone decodes at full speed.
+        self.batch_factor = fault.value if fault is not None and fault.kind == "slow-batch" else 1.0
         self.parity: ParityConfig = config.parity
         self.lock = threading.Lock()
         self.steps = 0
@@ -135,10 +139,13 @@ class Scheduler:
             started = time.perf_counter()
             with torch.inference_mode():
                 self.decoder.step([state], index, layers)
-            if self.slow_factor > 1.0:  # standin.fault slow:F, a verify step F times as long
+            factor = self.slow_factor
+            if self.batch_factor > 1.0 and self.load.running_reqs >= 2:  # standin.fault slow-batch:F
+                factor = self.batch_factor
+            if factor > 1.0:  # standin.fault slow:F, a verify step F times as long
                 # Busy, as a slower kernel is: a sleep would give the processor up, and waking up on a loaded host
                 # costs far more than the sleep (slow:1.5 measured 0.28x on the testbed with time.sleep).
-                until = started + self.slow_factor * (time.perf_counter() - started)
+                until = started + factor * (time.perf_counter() - started)
                 while time.perf_counter() < until:
                     pass
 

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 from .mannwhitney import mann_whitney_greater, smallest_p
 from .sample import CompareRequest, ComparisonSample
+from .signedrank import signed_rank_greater
 
 MIN_PAIRS = 5  # the fewest requests answered on both sides that can decide: at 5 vs 5 the exact test reaches 1/252
 MIN_SECONDS = 1e-9  # a time below a nanosecond per token is not a measurement (and would make ratios infinite)
@@ -55,6 +56,11 @@ MIN_SECONDS = 1e-9  # a time below a nanosecond per token is not a measurement (
 # contention the two means agree within a few percent; a host busy enough to slow the calibration by 15% slows
 # a CPU-bound server about as much.
 MAX_HOST_DIFF = 0.15
+# The decode bound is 1 - max_slowdown less this many of the pairs' own spread (pair_spread, in log): pairing removes
+# the prompts' spread, not a shift of a whole side (the host's state in the minutes between the sides), which no
+# single sample shows; where the pairs are noisy the whole side moves more too (testbed: spread 0.075 with sides
+# moving 0.048 at concurrency 1, 0.19 with 0.076 at 8; the GPU model: 0.02 with 0.02). docs/gate.md "The statistics".
+NOISE_MARGIN = 1.5
 
 
 class Outcome(StrEnum):
@@ -161,12 +167,16 @@ class Answers:
 
 @dataclass(frozen=True)
 class Speed:
+    """The decode-speed verdict of one concurrency level, over the prompts paired (the same prompt on both sides,
+    identical answers): ``ratio`` is exp(-median of the pairs' log(new time / old time)), the new release's decode
+    speed with the old one's as 1; ``p`` the one-sided signed-rank test's that the new times are longer."""
+
     outcome: Outcome
-    ratio: float | None  # median old s/token / median new s/token: the new release's decode speed, old = 1
+    ratio: float | None  # exp(-median log(new / old)) over the pairs: the new release's decode speed, old = 1
     p: float | None
-    n_old: int
+    n_old: int  # the pairs judged (each side's count: the same prompts on both)
     n_new: int
-    old_s_per_token: float | None  # medians
+    old_s_per_token: float | None  # medians of each side's time per verify step (per token where none is reported)
     new_s_per_token: float | None
     why: str = ""  # why it could not decide
     # The ratio with the new side's times scaled by the host's calibration ratio (None: the host did not differ).
@@ -174,18 +184,34 @@ class Speed:
     note: str = (
         ""  # a FAIL that stands though the host was busier on the new side: why the contention cannot explain it
     )
+    concurrency: int | None = None  # the level these requests were sent at (None: a sample that does not say)
+    left_out: int = 0  # prompts answered on both sides whose answers differ: not paired, reported
+    per: str = "token"  # what was timed: "verify step" (decode time / spec_verify_ct on both sides) or "token"
+    spread: float | None = None  # the pairs' spread (pair_spread, log)
+    floor: float | None = None  # the speed ratio below which it FAILs (with p < alpha): the bound less the spread
 
     @property
     def withheld(self) -> bool:
         return self.outcome in (Outcome.UNDECIDED, Outcome.UNPROVEN)
 
+    @property
+    def at(self) -> str:
+        """`` at concurrency 8`` (empty for a sample that does not say its level)."""
+        return f" at concurrency {self.concurrency}" if self.concurrency is not None else ""
+
+    def figure(self) -> str:
+        """``decode 0.85x at concurrency 8 (p=0.0003)``."""
+        text = f"decode {self.ratio:.2f}x{self.at}" if self.ratio is not None else f"decode{self.at}"
+        return text + (f" (p={_p(self.p)})" if self.p is not None else "")
+
     def describe(self) -> str:
+        left = f", {self.left_out} left out (answers differ)" if self.left_out else ""
         if self.ratio is None:
-            return f"decode: cannot decide ({self.why})"
-        text = f"decode {self.ratio:.2f}x" + (f" (p={_p(self.p)})" if self.p is not None else "")
+            return f"decode{self.at}: cannot decide ({self.why})"
+        text = self.figure()
         if self.outcome is Outcome.UNPROVEN:
-            return text + f", not proven: {self.why}"
-        return text + (f", cannot decide: {self.why}" if self.outcome is Outcome.UNDECIDED else "")
+            return text + f", not proven: {self.why}" + left
+        return text + (f", cannot decide: {self.why}" if self.outcome is Outcome.UNDECIDED else "") + left
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -199,6 +225,12 @@ class Speed:
             "why": self.why or None,
             "adjusted_ratio": self.adjusted_ratio,
             "note": self.note or None,
+            "concurrency": self.concurrency,
+            "paired": True,
+            "left_out": self.left_out,
+            "per": self.per,
+            "spread": self.spread,
+            "floor": self.floor,
         }
 
 
@@ -312,6 +344,8 @@ class Comparison:
     settings: dict[str, float | int]
     # Set by confirm(): what a first sample of the new release showed before this one was judged.
     first_sample: str | None = None
+    # Each concurrency level's speed verdict, in the workload's order (``speed`` is the worst of them).
+    levels: tuple[Speed, ...] = ()
 
     @property
     def reason(self) -> str:
@@ -331,7 +365,7 @@ class Comparison:
         if self.answers is not None:
             parts.append(self.answers.describe())
         if self.pairs or self.speed.ratio is not None:
-            parts.append(self.speed.describe())
+            parts.extend(level.describe() for level in self.levels or (self.speed,))
         if self.drafts is not None:
             parts.append(self.drafts.describe())
         if self.ttft_ratio is not None:
@@ -355,6 +389,7 @@ class Comparison:
             "failures": self.failures.to_json(),
             "answers": self.answers.to_json() if self.answers is not None else None,
             "speed": self.speed.to_json(),
+            "levels": [level.to_json() for level in self.levels or (self.speed,)],
             "drafts": self.drafts.to_json() if self.drafts is not None else None,
             "load": self.load.to_json(),
             "ttft_ratio": self.ttft_ratio,
@@ -394,48 +429,153 @@ def _host_mean(requests: Sequence[CompareRequest]) -> float | None:
     return statistics.fmean(times) if times else None
 
 
-def judge_speed(old: Sequence[float], new: Sequence[float], settings: Thresholds, load: Load | None = None) -> Speed:
-    """The decode-speed verdict over seconds per token (values below :data:`MIN_SECONDS` are not measurements and
-    are left out). Withheld (UNDECIDED) when the load differed, or when the host's contention on one side can
-    explain the verdict (the ratio adjusted by the host's calibration ratio says otherwise); UNPROVEN instead of
-    UNDECIDED when the measured decode is beyond the bound: a withheld slowdown is never a PASS."""
-    old = [v for v in old if v >= MIN_SECONDS]
-    new = [v for v in new if v >= MIN_SECONDS]
-    n_old, n_new = len(old), len(new)
-    if min(n_old, n_new) < MIN_PAIRS or smallest_p(n_old, n_new) >= settings.alpha:
-        return Speed(
-            Outcome.UNDECIDED, None, None, n_old, n_new, None, None, f"too few timed requests ({n_old} vs {n_new})"
-        )
-    old_median, new_median = statistics.median(old), statistics.median(new)
-    ratio = old_median / new_median
-    p = mann_whitney_greater(new, old).p
-    floor = 1 - settings.max_slowdown
+def per_step(a: CompareRequest, b: CompareRequest) -> tuple[float, float, str] | None:
+    """The two times of one prompt to pair: decode seconds per verify step (decode time / ``spec_verify_ct``) when
+    both sides report both, else seconds per token; None when a side has no decode time."""
+    if (
+        a.decode_s is not None
+        and b.decode_s is not None
+        and a.spec_verify_ct is not None
+        and b.spec_verify_ct is not None
+        and min(a.spec_verify_ct, b.spec_verify_ct) > 0
+    ):
+        return a.decode_s / a.spec_verify_ct, b.decode_s / b.spec_verify_ct, "verify step"
+    if a.decode_s_per_token is None or b.decode_s_per_token is None:
+        return None
+    return a.decode_s_per_token, b.decode_s_per_token, "token"
+
+
+def pair_spread(diffs: Sequence[float], middle: float | None = None) -> float:
+    """The pairs' own spread: 1.4826 x the median absolute deviation of their log ratios (the standard deviation
+    for normal noise, and unmoved by a few outliers: a GC pause on one side widens nothing)."""
+    middle = statistics.median(diffs) if middle is None else middle
+    return 1.4826 * statistics.median(abs(d - middle) for d in diffs)
+
+
+def judge_speed(
+    old: Sequence[float],
+    new: Sequence[float],
+    settings: Thresholds,
+    load: Load | None = None,
+    *,
+    concurrency: int | None = None,
+    left_out: int = 0,
+    per: str = "token",
+) -> Speed:
+    """The decode-speed verdict over paired times (``old[i]`` and ``new[i]``: the same prompt on each side; a pair
+    with a value below :data:`MIN_SECONDS` is not a measurement and is left out). The pairs' log(new / old) are
+    judged by the one-sided signed-rank test (the new times longer) and their median: FAIL when the speed ratio
+    exp(-median) is below ``1 - max_slowdown`` and p < ``alpha``. Withheld (UNDECIDED) when the load differed, or
+    when the host's contention on one side can explain the verdict (the pairs adjusted by the host's calibration
+    ratio say otherwise); UNPROVEN instead of UNDECIDED when the measured decode is beyond the bound: a withheld
+    slowdown is never a PASS."""
+    pairs = [(a, b) for a, b in zip(old, new, strict=True) if a >= MIN_SECONDS and b >= MIN_SECONDS]
+    n = len(pairs)
+    c = concurrency
+    if n < MIN_PAIRS or 0.5**n >= settings.alpha:
+        why = f"too few paired prompts ({n})"
+        return Speed(Outcome.UNDECIDED, None, None, n, n, None, None, why, concurrency=c, left_out=left_out, per=per)
+    diffs = [math.log(b / a) for a, b in pairs]
+    old_median, new_median = statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs)
+    middle = statistics.median(diffs)
+    ratio = math.exp(-middle)
+    p = signed_rank_greater(diffs).p
+    spread = pair_spread(diffs, middle)
+    floor = (1 - settings.max_slowdown) * math.exp(-NOISE_MARGIN * spread)
     slow = ratio < floor and p < settings.alpha
     withheld = Outcome.UNPROVEN if slow else Outcome.UNDECIDED
+    figures = {"concurrency": c, "left_out": left_out, "per": per, "spread": spread, "floor": floor}
     if load is not None and load.differs:
         why = f"the load differed ({load.old:.3g} vs {load.new:.3g} running requests, bound {1 + load.bound:g}x)"
-        return Speed(withheld, ratio, p, n_old, n_new, old_median, new_median, why)
+        return Speed(withheld, ratio, p, n, n, old_median, new_median, why, **figures)  # type: ignore[arg-type]
     host = load.host_ratio if load is not None and load.host_differs else None
     if host is None:
-        return Speed(Outcome.FAIL if slow else Outcome.PASS, ratio, p, n_old, n_new, old_median, new_median)
+        verdict = Outcome.FAIL if slow else Outcome.PASS
+        return Speed(verdict, ratio, p, n, n, old_median, new_median, **figures)  # type: ignore[arg-type]
     # The host's contention withholds only the verdict it can explain. The new side's times as they would have been
     # on the old side's host (scaled by the calibration ratio) give the adjusted ratio and its test: a slowdown that
     # holds even so stands (a 1.16x busier host does not make 0.63x), one that vanishes is withheld; a PASS is
     # withheld when the adjusted figures show a slowdown (a busier old side can hide one), else it stands.
     adjusted = ratio * host
-    adjusted_p = mann_whitney_greater([v / host for v in new], old).p
+    adjusted_p = signed_rank_greater([d - math.log(host) for d in diffs]).p
     adjusted_slow = adjusted < floor and adjusted_p < settings.alpha
-    figures = (
+    text = (
         f"a fixed CPU calibration took {host:.2f}x as long on the new side; bound {1 + MAX_HOST_DIFF:g}x; "
         f"decode {adjusted:.2f}x allowing for it"
     )
     if slow == adjusted_slow:
         explains = slow and host > 1
-        note = f"the host was busier on the new side ({figures}): it cannot explain the slowdown" if explains else ""
+        note = f"the host was busier on the new side ({text}): it cannot explain the slowdown" if explains else ""
         verdict = Outcome.FAIL if slow else Outcome.PASS
-        return Speed(verdict, ratio, p, n_old, n_new, old_median, new_median, adjusted_ratio=adjusted, note=note)
-    why = f"the host itself was busier on one side ({figures})"
-    return Speed(withheld, ratio, p, n_old, n_new, old_median, new_median, why, adjusted_ratio=adjusted)
+        return Speed(
+            verdict,
+            ratio,
+            p,
+            n,
+            n,
+            old_median,
+            new_median,
+            adjusted_ratio=adjusted,
+            note=note,
+            **figures,  # type: ignore[arg-type]
+        )
+    why = f"the host itself was busier on one side ({text})"
+    return Speed(withheld, ratio, p, n, n, old_median, new_median, why, adjusted_ratio=adjusted, **figures)  # type: ignore[arg-type]
+
+
+def request_levels(old: Sequence[CompareRequest], new: Sequence[CompareRequest]) -> list[int | None] | None:
+    """The concurrency level of each request pair; None when the two sides sent them at other levels. A side
+    written before levels were recorded (every ``concurrency`` null) takes the other side's: its requests were
+    sent one at a time (``health --probe`` against a deploy's older sample), as the new one's first level is."""
+    a, b = [r.concurrency for r in old], [r.concurrency for r in new]
+    if all(v is None for v in a):
+        a = b
+    if all(v is None for v in b):
+        b = a
+    return a if a == b else None
+
+
+def judge_levels(
+    old: Sequence[CompareRequest],
+    new: Sequence[CompareRequest],
+    settings: Thresholds,
+    sent_at: Sequence[int | None] | None = None,
+) -> tuple[Speed, ...]:
+    """Each concurrency level's speed verdict, in the order the levels first appear: its requests answered on both
+    sides with identical answers (over ``compare_tokens``) paired by prompt; those whose answers differ are left
+    out (and counted); the load and the host's calibration compared within the level."""
+    levels: dict[int | None, list[int]] = {}
+    for i, r in enumerate(old):
+        levels.setdefault(sent_at[i] if sent_at is not None else r.concurrency, []).append(i)
+    out = []
+    for level, indices in levels.items():
+        olds, news = [old[i] for i in indices], [new[i] for i in indices]
+        load = Load(_mean_load(olds), _mean_load(news), settings.max_load_diff, _host_mean(olds), _host_mean(news))
+        a_times: list[float] = []
+        b_times: list[float] = []
+        kinds = set()
+        left_out = 0
+        answered = [(a, b) for a, b in zip(olds, news, strict=True) if a.ok and b.ok]
+        # Per verify step only when every pair can be so: one measure for the whole level.
+        step = all(per_step(a, b) is None or per_step(a, b)[2] == "verify step" for a, b in answered)  # type: ignore[index]
+        for a, b in answered:
+            if divergence(a.output_ids, b.output_ids, settings.compare_tokens) is not None:
+                left_out += 1
+                continue
+            times = per_step(a, b) if step else per_step(replace(a, decode_s=None), replace(b, decode_s=None))
+            if times is None:
+                continue
+            a_times.append(times[0])
+            b_times.append(times[1])
+            kinds.add(times[2])
+        per = "verify step" if kinds == {"verify step"} else "token"
+        out.append(judge_speed(a_times, b_times, settings, load, concurrency=level, left_out=left_out, per=per))
+    return tuple(out)
+
+
+def worst(levels: Sequence[Speed]) -> Speed:
+    """The level whose verdict is the most severe (then the slowest): the comparison's ``speed``."""
+    return max(levels, key=lambda s: (s.outcome.rank, -(s.ratio if s.ratio is not None else math.inf)))
 
 
 def judge_drafts(old: Sequence[float], new: Sequence[float], settings: Thresholds) -> Drafts:
@@ -502,13 +642,12 @@ def compare(
         return _undecided("the samples hold no request", baseline, 0, load, doc)
     failures = _failures(old.requests, new.requests)
     pairs = [(i, a, b) for i, (a, b) in enumerate(zip(old.requests, new.requests, strict=True)) if a.ok and b.ok]
-    timed = [(a.decode_s_per_token, b.decode_s_per_token) for _, a, b in pairs]
-    speed = judge_speed(
-        [a for a, b in timed if a is not None and b is not None],
-        [b for a, b in timed if a is not None and b is not None],
-        settings,
-        load,
-    )
+    sent_at = request_levels(old.requests, new.requests)
+    if sent_at is None:
+        why = "not the same workload: the requests were sent at other concurrency levels"
+        return _undecided(why, baseline, n, load, doc)
+    levels = judge_levels(old.requests, new.requests, settings, sent_at)
+    speed = worst(levels)
     reported = [(a.spec_accept_length, b.spec_accept_length) for _, a, b in pairs]
     reported = [(a, b) for a, b in reported if a is not None and b is not None]
     drafts = judge_drafts([a for a, _ in reported], [b for _, b in reported], settings) if reported else None
@@ -561,26 +700,8 @@ def compare(
                     f"tokens (need {settings.min_identical:.0%}); {answers.diverged()}",
                 )
             )
-        if speed.outcome is Outcome.FAIL and speed.ratio is not None:
-            found.append(
-                (
-                    Outcome.FAIL,
-                    f"decode {speed.ratio:.2f}x of {baseline} (p={_p(speed.p)}, {speed.n_old} vs {speed.n_new} "
-                    f"requests; fails below {1 - settings.max_slowdown:.2f}x at p < {settings.alpha:g})"
-                    + (f"; {speed.note}" if speed.note else ""),
-                )
-            )
-        elif speed.outcome is Outcome.UNPROVEN and speed.ratio is not None:
-            found.append(
-                (
-                    Outcome.UNPROVEN,
-                    f"decode {speed.ratio:.2f}x of {baseline} (p={_p(speed.p)}, {speed.n_old} vs {speed.n_new} "
-                    f"requests; beyond {1 - settings.max_slowdown:.2f}x at p < {settings.alpha:g}) but the speed "
-                    f"cannot be decided: {speed.why}: not proven, never a PASS",
-                )
-            )
-        elif speed.outcome is Outcome.UNDECIDED:
-            found.append((Outcome.UNDECIDED, f"decode speed: cannot decide: {speed.why}"))
+        for level in sorted(levels, key=lambda s: -s.outcome.rank):
+            found.extend(_speed_reason(level, baseline, settings))
         if drafts is not None and drafts.outcome is Outcome.FAIL:
             found.append(
                 (
@@ -605,7 +726,27 @@ def compare(
         load=load,
         ttft_ratio=ttft_ratio,
         settings=doc,
+        levels=levels,
     )
+
+
+def _speed_reason(speed: Speed, baseline: str, settings: Thresholds) -> list[tuple[Outcome, str]]:
+    """The reason one level's speed gives (none on PASS): ``decode 0.85x of r1 at concurrency 8 (p=0.0003, 16
+    prompts paired; fails below 0.94x at p < 0.01)``."""
+    if speed.ratio is None or speed.outcome is Outcome.PASS:
+        if speed.outcome is Outcome.UNDECIDED:
+            return [(Outcome.UNDECIDED, f"decode speed{speed.at}: cannot decide: {speed.why}")]
+        return []
+    left = f", {speed.left_out} left out: answers differ" if speed.left_out else ""
+    head = f"decode {speed.ratio:.2f}x of {baseline}{speed.at} (p={_p(speed.p)}, {speed.n_old} prompts paired{left}; "
+    floor = speed.floor if speed.floor is not None else 1 - settings.max_slowdown
+    bound = f"{floor:.2f}x at p < {settings.alpha:g}"
+    if speed.outcome is Outcome.FAIL:
+        return [(Outcome.FAIL, head + f"fails below {bound})" + (f"; {speed.note}" if speed.note else ""))]
+    if speed.outcome is Outcome.UNPROVEN:
+        text = head + f"beyond {bound}) but the speed cannot be decided: {speed.why}: not proven, never a PASS"
+        return [(Outcome.UNPROVEN, text)]
+    return [(Outcome.UNDECIDED, f"decode speed{speed.at}: cannot decide: {speed.why}")]
 
 
 def only_speed_fails(result: Comparison) -> bool:
@@ -635,7 +776,7 @@ def confirm(first: Comparison, second: Comparison, *, earlier: int = 1) -> Compa
     many samples were judged before ``second``). The FAIL stands only when it repeats: a slower release is slower
     every time, a busy minute on the host is not; a withheld slowdown that repeats stays UNPROVEN."""
     ordinal = _ORDINALS[min(earlier, len(_ORDINALS)) - 1]
-    figure = f"decode {first.speed.ratio:.2f}x (p={_p(first.speed.p)})" if first.speed.ratio is not None else "a FAIL"
+    figure = first.speed.figure() if first.speed.ratio is not None else "a FAIL"
     if first.speed.outcome is Outcome.UNPROVEN:
         figure += " withheld"
     if second.speed.outcome in (Outcome.FAIL, Outcome.UNPROVEN):
@@ -666,7 +807,9 @@ def rules_line(settings: Thresholds, *, enforce: bool) -> str:
     return (
         f"comparison: FAIL when a request fails on the new release, fewer than {settings.min_identical:.0%} of the "
         f"answers are identical over {settings.compare_tokens} tokens, decode is below "
-        f"{1 - settings.max_slowdown:.2f}x of the old release at p < {settings.alpha:g} (one-sided Mann-Whitney U; "
+        f"{1 - settings.max_slowdown:.2f}x of the old release (less {NOISE_MARGIN:g}x the pairs' spread) at p < "
+        f"{settings.alpha:g} at any concurrency level (the same prompt on both sides paired, a one-sided Wilcoxon "
+        "signed-rank test over the pairs; "
         f"cannot decide when the load differs beyond {1 + settings.max_load_diff:g}x), or accepted drafts drop by "
         f"more than {settings.max_accept_drop:.0%} at p < {settings.alpha:g}; "
         + ("a FAIL rolls back (enforce: true)" if enforce else "reported only (enforce: false)")

@@ -10,11 +10,14 @@ JSON form::
 
     {"requests": [{"output_ids": [int, ...], "decode_s_per_token": float|null, "ttft_s": float|null,
                    "spec_accept_length": float|null, "spec_verify_ct": int|null, "completion_tokens": int,
-                   "load": float|null, "host_s": float|null, "status": int|null, "error": str|null}],
+                   "load": float|null, "host_s": float|null, "status": int|null, "error": str|null,
+                   "decode_s": float|null, "concurrency": int|null}],
      "load_source": "metrics"|null}
 
 Only ``output_ids``, ``decode_s_per_token``, ``ttft_s`` and ``spec_accept_length`` are required in a request;
-the others default to: ``completion_tokens`` = len(output_ids), the rest null.
+the others default to: ``completion_tokens`` = len(output_ids), the rest null. ``decode_s`` (the decode time,
+first to last token) and ``concurrency`` (the level the request was sent at) came with issue 48: a sample written
+before has neither, and is read and judged as one level (null) timed per token.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ MAX_OUTPUT_IDS = 65_536
 MAX_TOKEN_ID = 2**31 - 1
 MAX_ERROR_CHARS = 1000
 MAX_SECONDS = 1e6  # a time above ~11 days is not a measurement
+MAX_CONCURRENCY = 4096
 
 LOAD_SOURCES = ("metrics",)
 
@@ -45,6 +49,8 @@ _REQUEST_KEYS = frozenset(
         "host_s",
         "status",
         "error",
+        "decode_s",
+        "concurrency",
     }
 )
 _REQUIRED_REQUEST_KEYS = ("output_ids", "decode_s_per_token", "ttft_s", "spec_accept_length")
@@ -87,6 +93,14 @@ def _nonneg_int(where: str, value: Any, limit: int) -> int | None:
     return int(value)
 
 
+def _concurrency(where: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value) or not 1 <= value <= MAX_CONCURRENCY:
+        raise SampleError(f"{where}: must be an integer in [1, {MAX_CONCURRENCY}] or null")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class CompareRequest:
     """One request of the comparison workload, as the host saw it.
@@ -107,6 +121,8 @@ class CompareRequest:
     host_s: float | None = None  # seconds a fixed CPU loop took on the host around it (host contention)
     status: int | None = None
     error: str | None = None
+    decode_s: float | None = None  # seconds from the first to the last token-carrying chunk (null: not recorded)
+    concurrency: int | None = None  # requests in flight at a time when it was sent (null: a sample before levels)
 
     @property
     def ok(self) -> bool:
@@ -131,6 +147,8 @@ class CompareRequest:
             "host_s": self.host_s,
             "status": self.status,
             "error": self.error,
+            "decode_s": self.decode_s,
+            "concurrency": self.concurrency,
         }
 
     @classmethod
@@ -171,6 +189,8 @@ class CompareRequest:
             host_s=_seconds(f"{where}.host_s", doc.get("host_s")),
             status=status,
             error=error,
+            decode_s=_seconds(f"{where}.decode_s", doc.get("decode_s")),
+            concurrency=_concurrency(f"{where}.concurrency", doc.get("concurrency")),
         )
 
 

@@ -571,10 +571,11 @@ def compare_record(rec: dict[str, Any], load: float | None) -> dict[str, Any]:
     meta = rec.get("meta") or {}
     ids = rec.get("output_ids") or []
     completion = _finite(meta.get("completion_tokens"), integer=True)
-    decode = None
+    decode = decode_s = None
     first, last, ttft = rec.get("first_tokens"), rec.get("last_s"), rec.get("first_token_s")
     if rec["ok"] and first is not None and last is not None and ttft is not None and len(ids) > first:
-        decode = (last - ttft) / (len(ids) - first)
+        decode_s = last - ttft
+        decode = decode_s / (len(ids) - first)
     return {
         "output_ids": ids if rec["ok"] else [],
         "decode_s_per_token": decode,
@@ -586,17 +587,49 @@ def compare_record(rec: dict[str, Any], load: float | None) -> dict[str, Any]:
         "host_s": rec.get("host_s"),
         "status": rec["status"],
         "error": rec["error"],
+        "decode_s": decode_s,
+        "concurrency": rec.get("concurrency"),
     }
 
 
+def levels(cfg: dict[str, Any]) -> list[int]:
+    """The workload's concurrency levels: ``concurrency`` is one number or a list of them (issue 48)."""
+    value = cfg.get("levels") or cfg.get("concurrency") or 1
+    return [max(1, int(v)) for v in value] if isinstance(value, list) else [max(1, int(value))]
+
+
 def compare(cfg: dict[str, Any], api_key: str | None, t0: float) -> dict[str, Any]:
-    """The comparison workload: ``warmup`` requests first (answers discarded, failures counted), then one
-    request per prompt (or token-id list), in order, ``concurrency`` at a time; each measured request with the
-    server's load read just before and just after it (their mean), when ``/metrics`` has it."""
+    """The comparison workload: ``warmup`` requests first (answers discarded, failures counted), then at each
+    concurrency level in turn one request per prompt (or token-id list), in order, that many at a time; each
+    measured request with the server's load read just before and just after it (their mean), when ``/metrics``
+    has it, and the level it was sent at."""
     count = len(cfg.get("input_ids") or cfg["prompts"])
     warmup = int(cfg.get("warmup", 0))
-    jobs = [(n, n % count, False) for n in range(warmup)] + [(warmup + i, i, True) for i in range(count)]
     with_load = get_load(cfg, api_key) is not None
+    sent: list[dict[str, Any]] = []
+    unsent = 0
+    for k, level in enumerate(levels(cfg)):
+        first = warmup + k * count
+        jobs = [(n, n % count, False) for n in range(warmup if k == 0 else 0)]
+        jobs += [(first + i, i, True) for i in range(count)]
+        records, left = compare_level(dict(cfg, concurrency=level), api_key, t0, jobs, with_load)
+        sent += [dict(r, concurrency=level) for r in records]
+        unsent += left
+    warm = [r for r in sent if not r["measured"]]
+    return {
+        "sample": {
+            "requests": [compare_record(r, r["load"]) for r in sent if r["measured"]],
+            "load_source": "metrics" if with_load else None,
+        },
+        "warmup": {"sent": len(warm), "failed": sum(1 for r in warm if not r["ok"])},
+        "unsent": unsent,
+    }
+
+
+def compare_level(
+    cfg: dict[str, Any], api_key: str | None, t0: float, jobs: list[tuple[int, int, bool]], with_load: bool
+) -> tuple[list[dict[str, Any]], int]:
+    """The jobs of one level, ``concurrency`` at a time -> (the records sent, in order; how many were not sent)."""
 
     def send(job: tuple[int, int, bool], finish_by: float | None) -> dict[str, Any]:
         n, index, measured = job
@@ -610,16 +643,7 @@ def compare(cfg: dict[str, Any], api_key: str | None, t0: float) -> dict[str, An
         rec["measured"], rec["load"] = measured, (sum(loads) / len(loads) if loads else None)
         return rec
 
-    sent, unsent = in_budget(cfg, jobs, send, t0)
-    warm = [r for r in sent if not r["measured"]]
-    return {
-        "sample": {
-            "requests": [compare_record(r, r["load"]) for r in sent if r["measured"]],
-            "load_source": "metrics" if with_load else None,
-        },
-        "warmup": {"sent": len(warm), "failed": sum(1 for r in warm if not r["ok"])},
-        "unsent": unsent,
-    }
+    return in_budget(cfg, jobs, send, t0)
 
 
 # ------------------------------------------------------------------------------------------------ readiness
@@ -682,6 +706,12 @@ def check_config(cfg: Any) -> dict[str, Any]:
     missing = [k for k in REQUIRED[mode] if k not in cfg]
     if missing:
         raise ValueError("missing config key(s): " + ", ".join(missing))
+    if mode == "compare" and isinstance(cfg.get("concurrency"), list):
+        if not cfg["concurrency"] or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in cfg["concurrency"]
+        ):
+            raise ValueError("concurrency must be a number or a list of positive integers")
+        cfg = dict(cfg, levels=cfg["concurrency"], concurrency=None)
     for key in NUMBERS + BUDGETS:
         value = cfg.get(key)
         if key in cfg and value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):

@@ -69,7 +69,7 @@ def compare_config(
         "prompts": list(c.prompts),
         "input_ids": [list(ids) for ids in c.input_ids] if c.input_ids else None,
         "warmup": c.warmup,
-        "concurrency": c.concurrency,
+        "concurrency": list(c.concurrency),
         "max_new_tokens": c.max_new_tokens,
         "timeout_s": c.timeout_s,
         "model": host.gate.probe.model,
@@ -79,10 +79,12 @@ def compare_config(
 
 
 def workload_timeout_s(settings: CompareSettings, finish_within_s: float | None = None) -> float:
-    """How long one run may take: the warmup and the measured requests in rounds of ``concurrency``, each within
-    ``timeout_s`` (plus the load readings, 5 s each at most), at most ``finish_within_s`` when given."""
-    n = settings.warmup + settings.workload_size
-    rounds = -(-n // settings.concurrency)
+    """How long one run may take: the warmup (at the first level) and the measured requests at each level in
+    rounds of that level's concurrency, each within ``timeout_s`` (plus the load readings, 5 s each at most), at
+    most ``finish_within_s`` when given."""
+    levels = settings.concurrency
+    n = settings.workload_size
+    rounds = -(-settings.warmup // levels[0]) + sum(-(-n // level) for level in levels)
     limit = rounds * (settings.timeout_s + 10.0)
     if finish_within_s is not None:
         limit = min(limit, finish_within_s + 10.0)
@@ -160,6 +162,6 @@ def plan_lines(host: HostConfig) -> list[str]:
     what = f"{len(c.input_ids)} token-id prompt(s)" if c.input_ids else f"{len(c.prompts)} prompt(s)"
     return [
         f"comparison workload: {c.warmup} warmup + {c.workload_size} greedy request(s) ({what}) to POST {ENDPOINT} "
-        f"on the host's loopback, max_new_tokens {c.max_new_tokens}, concurrency {c.concurrency}, timeout "
+        f"on the host's loopback, max_new_tokens {c.max_new_tokens}, at concurrency {', then '.join(map(str, c.concurrency))} (each judged), timeout "
         f"{c.timeout_s:g}s, rid {RID_PREFIX}-<random>-<n>; before the restart (the running release) and after it"
     ]

@@ -337,7 +337,8 @@ def verify_probe(r: Remote, host: HostConfig, token: str | None) -> ProbeFacts:
 def speed_settings(settings: CompareSettings) -> CompareSettings:
     """``--probe``'s short comparison workload: the first :data:`SPEED_PROMPTS` prompts of ``gate.compare`` (same
     tokens, same judge), one warmup request."""
-    update: dict[str, Any] = {"warmup": min(settings.warmup, SPEED_WARMUP)}
+    # At the first concurrency level only: the deploy's sample holds that level's requests first (issue 48).
+    update: dict[str, Any] = {"warmup": min(settings.warmup, SPEED_WARMUP), "concurrency": settings.concurrency[:1]}
     if settings.input_ids:
         update["input_ids"] = settings.input_ids[:SPEED_PROMPTS]
     else:
@@ -356,7 +357,7 @@ def speed_probe(r: Remote, host: HostConfig, release: str | None) -> SpeedFacts:
     recorded = deploy_sample(host_history.read_history(r, Layout(host.root)), release)
     if recorded is None:
         return SpeedFacts(skipped=f"no comparison sample recorded when {release} was deployed")
-    if len(recorded.sample.requests) != settings.workload_size:
+    if len(recorded.sample.requests) not in (settings.workload_size, settings.requests_per_side):
         return SpeedFacts(
             skipped=f"the sample recorded at the deploy has {len(recorded.sample.requests)} requests and "
             f"gate.compare now {settings.workload_size}: the workload changed since"

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -149,6 +150,28 @@ DEFAULT_COMPARE_PROMPTS = (
 )
 
 
+DEFAULT_COMPARE_CONCURRENCY = (1, 8)  # issue 48: a release slower only at 8 concurrent requests is caught
+
+
+def _levels(value: Any) -> Any:
+    """``concurrency: 8`` is ``[8]`` (the form before levels); a list is checked as it is."""
+    return [value] if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _distinct(levels: list[int]) -> list[int]:
+    if len(set(levels)) != len(levels):
+        raise ValueError("each concurrency level at most once")
+    return levels
+
+
+ConcurrencyLevels = Annotated[
+    list[Annotated[int, Field(ge=1, le=64)]],
+    BeforeValidator(_levels),
+    Field(min_length=1, max_length=4),
+    AfterValidator(_distinct),
+]
+
+
 class CompareSettings(StrictTypes):
     """The comparison of the new release with the one it replaces (docs/gate.md "The comparison workload", "The
     comparison"): the same greedy requests, on the same host, just before and just after the restart; the
@@ -161,13 +184,17 @@ class CompareSettings(StrictTypes):
     )
     input_ids: TokenIdLists | None = Field(None, min_length=1, max_length=MAX_PROMPTS)
     max_new_tokens: int = Field(32, ge=2, le=4096)  # two at least: decode speed is timed after the first token
-    concurrency: int = Field(1, ge=1, le=64)  # 1: decode speed is per-request latency
+    # The levels the workload runs at, each judged apart (paired within the level): 1 makes decode speed
+    # per-request latency, 8 shows a kernel slower at larger batches. An int is one level ([int]).
+    concurrency: ConcurrencyLevels = Field(default_factory=lambda: list(DEFAULT_COMPARE_CONCURRENCY))
     warmup: int = Field(2, ge=0, le=64)  # requests sent first and discarded
     # Output ids compared per prompt; when not given, all of them: max_new_tokens (the default, 32).
     compare_tokens: int = Field(32, ge=1, le=4096)
     min_identical: float = Field(0.5, ge=0, le=1)  # FAIL when fewer of the prompts agree
-    max_slowdown: float = Field(0.10, ge=0, lt=1)  # FAIL when decode is slower than 1 - this (and p < alpha)
-    alpha: float = Field(0.01, gt=0, le=0.5)  # the one-sided Mann-Whitney U test's level
+    # FAIL when decode (paired by prompt, per level) is slower than 1 - this, less 1.5 times the pairs' own spread,
+    # and p < alpha; chosen from the simulated power and false FAILs (docs/gate.md "The statistics").
+    max_slowdown: float = Field(0.04, ge=0, lt=1)
+    alpha: float = Field(0.01, gt=0, le=0.5)  # the one-sided signed-rank test's level (and accepted drafts' U test)
     max_accept_drop: float = Field(0.10, ge=0, lt=1)  # FAIL when mean spec_accept_length drops more (and p < alpha)
     # The speed is compared only when the busier side's 1 + mean load (sglang:num_running_reqs, read around each
     # request) is at most 1 + max_load_diff times the quieter side's (1.0: 2x); else "cannot decide" (docs/gate.md).
@@ -194,8 +221,13 @@ class CompareSettings(StrictTypes):
 
     @property
     def workload_size(self) -> int:
-        """Requests measured per side (one per prompt or token-id list; the warmup not counted)."""
+        """Prompts measured per level (one request per prompt or token-id list; the warmup not counted)."""
         return len(self.input_ids) if self.input_ids else len(self.prompts)
+
+    @property
+    def requests_per_side(self) -> int:
+        """Requests measured per side: every prompt at every concurrency level."""
+        return self.workload_size * len(self.concurrency)
 
 
 BatchSizes = Annotated[list[Annotated[int, Field(ge=1, le=512)]], Field(min_length=1, max_length=8)]

@@ -95,6 +95,15 @@ def slow(src: Path, dest: Path, tag: str = "slow", factor: float = SLOW_FACTOR) 
     return with_standin_fault(copy_tree(src, dest, tag), f"slow:{factor:g}")
 
 
+SLOW_BATCH_FACTOR = 1.5  # the variant slower only at 8 concurrent requests (issue 48)
+
+
+def slow_batch(src: Path, dest: Path, tag: str = "slow-batch", factor: float = SLOW_BATCH_FACTOR) -> Path:
+    """A copy of ``src`` whose stand-in server takes ``factor`` times as long per verify step while 2 or more
+    requests are decoded, and full speed for one alone: slower only under concurrent requests."""
+    return with_standin_fault(copy_tree(src, dest, tag), f"slow-batch:{factor:g}")
+
+
 def common_mode(src: Path, dest: Path, tag: str = "common-mode") -> Path:
     """A copy of ``src`` with a wrong ``sm_scale`` in the verify metadata, read by the kernel path and the reference
     alike: parity passes, the answers change."""
@@ -144,6 +153,7 @@ def glued_line(src: Path, dest: Path, tag: str = "glued-line") -> Path:
 VARIANTS = {
     "seed-bug": seed_bug,
     "slow": slow,
+    "slow-batch": slow_batch,
     "common-mode": common_mode,
     "padded-line": padded_line,
     "glued-line": glued_line,

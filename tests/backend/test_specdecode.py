@@ -162,3 +162,18 @@ def test_slow_fault_makes_every_verify_step_f_times_as_long() -> None:
     a = plain.generate(GenerateRequest("a", PROMPTS[0], 16))
     b = slow.generate(GenerateRequest("b", PROMPTS[0], 16))
     assert a.output_ids == b.output_ids and a.steps == b.steps  # slower, the same answers
+
+
+def test_slow_batch_fault_slows_a_verify_step_only_while_two_requests_are_decoded() -> None:
+    # Issue 48: a kernel slower only at larger batches; one request alone decodes at full speed.
+    plain, batch = scheduler(None), scheduler("slow-batch:3")
+    assert batch.batch_factor == 3.0 and batch.slow_factor == 1.0
+    alone = [step_seconds(batch, p) / step_seconds(plain, p) for p in PROMPTS[:3]]
+    assert statistics.median(alone) < 1.6, alone
+    with batch.load.running():  # another request in flight
+        busy = [step_seconds(batch, p) / step_seconds(plain, p) for p in PROMPTS[:3]]
+    assert 2.2 < statistics.median(busy) < 4.0, busy
+    a = plain.generate(GenerateRequest("a", PROMPTS[0], 16))
+    with batch.load.running():
+        b = batch.generate(GenerateRequest("b", PROMPTS[0], 16))
+    assert a.output_ids == b.output_ids and a.steps == b.steps  # slower, the same answers

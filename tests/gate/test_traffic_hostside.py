@@ -155,7 +155,7 @@ def test_unreadable_and_non_utf8_files_are_named_without_content(tmp_path: Path)
 def test_the_workload_warms_up_then_sends_each_prompt_once_and_keeps_what_the_judge_needs(srv: Server) -> None:
     srv.spec = {"spec_accept_length": 2.5, "spec_verify_ct": 2}
     srv.metrics = '# HELP x\nsglang:num_running_reqs{tp_rank="0"} 1.0\nsglang:num_running_reqs{tp_rank="1"} 2\n'
-    host = host_for(srv, prompts=["a", "b", "c"])
+    host = host_for(srv, prompts=["a", "b", "c"], concurrency=1)
     remote = LocalRemote()
     run = run_workload(remote, host, rid_prefix="opsctl-compare-abc")
     assert remote.commands == ["python3 -"]
@@ -171,7 +171,18 @@ def test_the_workload_warms_up_then_sends_each_prompt_once_and_keeps_what_the_ju
         assert r.ok and r.output_ids == (0, 1, 2, 3) and r.completion_tokens == 4 and r.status == 200
         assert r.spec_accept_length == 2.5 and r.spec_verify_ct == 2 and r.load == 3.0
         assert r.ttft_s is not None and r.decode_s_per_token is not None and r.decode_s_per_token >= 0
+        assert r.concurrency == 1 and r.decode_s is not None and r.decode_s >= 0
     assert ComparisonSample.from_json(json.loads(json.dumps(sample.to_json()))) == sample
+
+
+def test_the_workload_runs_at_each_concurrency_level_in_turn(srv: Server) -> None:
+    # Issue 48: the prompts once per level, the warmup only before the first; each request says its level.
+    run = run_workload(LocalRemote(), host_for(srv, prompts=["a", "b", "c"], concurrency=[1, 2]), rid_prefix="x")
+    by_rid = {b["rid"]: b["text"] for b in srv.bodies}
+    assert [by_rid[f"x-{n}"] for n in range(7)] == ["a", "a", "b", "c", "a", "b", "c"]
+    assert run.warmup_sent == 1 and run.unsent == 0
+    assert [r.concurrency for r in run.sample.requests] == [1, 1, 1, 2, 2, 2]
+    assert all(r.ok and r.output_ids == (0, 1, 2, 3) for r in run.sample.requests)
 
 
 def test_without_metrics_or_spec_fields_they_are_null(srv: Server) -> None:
@@ -184,7 +195,7 @@ def test_without_metrics_or_spec_fields_they_are_null(srv: Server) -> None:
 def test_failed_requests_are_recorded_with_status_and_error(srv: Server) -> None:
     srv.api_key = KEY  # no key sent: 401
     notes: list[str] = []
-    sample = run_compare_workload(LocalRemote(), host_for(srv, prompts=["a", "b"]), note=notes.append)
+    sample = run_compare_workload(LocalRemote(), host_for(srv, prompts=["a", "b"], concurrency=1), note=notes.append)
     assert [(r.status, r.error, r.output_ids, r.decode_s_per_token) for r in sample.requests] == [
         (401, "HTTP 401: Unauthorized", (), None)
     ] * 2
@@ -216,7 +227,7 @@ def test_the_workload_travels_on_stdin_with_its_settings(srv: Server) -> None:
     host = host_for(srv, input_ids=[[1, 2], [3]], concurrency=2, timeout_s=9)
     config = compare_config(host, rid_prefix="opsctl-compare-x")
     assert config["input_ids"] == [[1, 2], [3]] and config["endpoint"] == "/generate"
-    assert (config["warmup"], config["concurrency"], config["max_new_tokens"], config["timeout_s"]) == (1, 2, 4, 9)
+    assert (config["warmup"], config["concurrency"], config["max_new_tokens"], config["timeout_s"]) == (1, [2], 4, 9)
     assert "api_key" not in json.dumps(config).replace("api_key_env", "")
 
 

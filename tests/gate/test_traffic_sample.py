@@ -25,6 +25,8 @@ def _request(**over: Any) -> dict[str, Any]:
         "host_s": 0.004,
         "status": 200,
         "error": None,
+        "decode_s": 0.02,
+        "concurrency": 8,
     }
     doc.update(over)
     return doc
@@ -40,6 +42,20 @@ def test_round_trip_is_identity() -> None:
     assert ComparisonSample.from_json(sample.to_json()) == sample
     assert [r.ok for r in sample.requests] == [True, False]
     assert sample.requests[1].client_error
+
+
+def test_a_sample_written_before_levels_is_still_read() -> None:
+    # Issue 48 added decode_s and concurrency; a sample recorded before has neither: read, both null.
+    old = {k: v for k, v in _request().items() if k not in ("decode_s", "concurrency")}
+    sample = ComparisonSample.from_json({"requests": [old], "load_source": "metrics"})
+    assert (sample.requests[0].decode_s, sample.requests[0].concurrency) == (None, None)
+    assert sample.to_json()["requests"][0] == {**old, "decode_s": None, "concurrency": None}
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.0, "8", 5000])
+def test_a_concurrency_that_is_not_a_level_is_refused(bad: Any) -> None:
+    with pytest.raises(SampleError, match=r"requests\[0\]\.concurrency"):
+        ComparisonSample.from_json({"requests": [_request(concurrency=bad)]})
 
 
 def test_minimal_request_takes_defaults() -> None:

@@ -100,10 +100,10 @@ def test_compare_defaults_are_the_documented_ones() -> None:
     c = HostConfig(name="a", address="x").gate.compare
     assert isinstance(c, CompareSettings)
     assert (c.enabled, c.max_new_tokens, c.concurrency, c.warmup, c.compare_tokens, c.enforce) == (
-        True, 32, 1, 2, 32, True
+        True, 32, [1, 8], 2, 32, True
     )  # fmt: skip
     assert (c.min_identical, c.max_slowdown, c.alpha, c.max_accept_drop, c.max_load_diff, c.timeout_s) == (
-        0.5, 0.10, 0.01, 0.10, 1.0, 60.0
+        0.5, 0.04, 0.01, 0.10, 1.0, 60.0
     )  # fmt: skip
     assert c.prompts == list(DEFAULT_COMPARE_PROMPTS) and len(c.prompts) == 16 and c.input_ids is None
     lengths = sorted(len(p) for p in c.prompts)

@@ -37,9 +37,12 @@ def test_the_same_release_again_compares_equal_and_is_recorded(tb2: HostConfig, 
     c = res.comparison
     # PASS, or "cannot decide" when other work on this shared machine took the CPU on one side: never a FAIL.
     assert c is not None and c["outcome"] in ("PASS", "UNDECIDED") and c["baseline_release"] == good_id, c
-    assert c["line"].startswith(f"compared with {good_id} on 16 requests: 16/16 answers identical; decode ")
+    # The default workload: 16 prompts at concurrency 1, then at 8, each level paired and judged (issue 48).
+    assert c["line"].startswith(f"compared with {good_id} on 32 requests: 32/32 answers identical; decode "), c
+    assert " at concurrency 1 (p=" in c["line"] and " at concurrency 8 (p=" in c["line"]
     result = c["result"]
-    assert result["speed"]["n_baseline"] == result["speed"]["n_candidate"] == 16
+    assert [lv["concurrency"] for lv in result["levels"]] == [1, 8]
+    assert all(lv["n_baseline"] == lv["n_candidate"] == 16 for lv in result["levels"])
     assert result["drafts"] is not None and result["drafts"]["baseline_mean"] > 1.0  # the stand-in accepts drafts
     assert result["load"]["baseline"] is not None  # the stand-in serves sglang:num_running_reqs
     _, history = state(tb2)
@@ -52,7 +55,7 @@ def test_the_same_release_again_compares_equal_and_is_recorded(tb2: HostConfig, 
     again = d.restart(tb2)
     assert again.verdict == "PASS" and again.comparison is not None, again.line()
     assert again.comparison["outcome"] in ("PASS", "UNDECIDED") and again.comparison["baseline_release"] == good_id
-    assert again.comparison["result"]["answers"]["identical"] == 16
+    assert again.comparison["result"]["answers"]["identical"] == 32
 
 
 def test_a_slower_release_passes_parity_and_fails_the_comparison(
@@ -69,7 +72,7 @@ def test_a_slower_release_passes_parity_and_fails_the_comparison(
         ensure_good(tb2, good_tree, good_id)  # the baseline must be the good release again
         res = d.deploy(tb2, slow, d.DeployOptions())
     assert res.verdict == "FAIL" and res.stage == "comparison", (res.line(), (res.comparison or {}).get("line"))
-    assert res.reason.startswith("comparison: decode 0.") and f"x of {good_id} (p=" in res.reason
+    assert res.reason.startswith("comparison: decode 0.") and f"x of {good_id} at concurrency " in res.reason
     assert res.gate is not None and res.gate["verdict"] == "PASS"  # parity passed: only the comparison saw it
     assert res.rolled_back_to == good_id and res.rollback_verdict == "PASS"
     snap = assert_healthy(tb2, good_id)
