@@ -122,9 +122,11 @@ class Side:
         import kdtree_kernel
 
         bs, prefix, q_len, heads = call["case"]
-        out = torch.empty(q.shape[0], heads, 512, dtype=q.dtype, device=q.device)
+        # Held by the call, not only by the closure below: a captured graph writes into these addresses at every
+        # replay, and memory the allocator got back would be handed to the next call's tensors.
+        out = call["out"] = torch.empty(q.shape[0], heads, 512, dtype=q.dtype, device=q.device)
         need = int(kdtree_kernel.workspace_size(bs, q_len, heads, prefix, q.device))
-        ws = torch.empty(max(need, 1), dtype=torch.uint8, device=q.device)
+        ws = call["workspace"] = torch.empty(max(need, 1), dtype=torch.uint8, device=q.device)
 
         def eager() -> Any:
             return attend(q, kv, meta, qo, scale, use_kernel=True, out=out, workspace=ws, max_prefix_len=prefix,
@@ -138,6 +140,7 @@ class Side:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 eager()
+            call["graph"] = graph
             return graph.replay
         except Exception:  # an older release whose call cannot be captured: timed eager, as it would serve
             self.graphs = False
