@@ -785,6 +785,21 @@ def confirm(first: Comparison, second: Comparison, *, earlier: int = 1) -> Compa
         note = f"a {ordinal} sample's {figure} not repeated"
     if first.first_sample:
         note = f"{first.first_sample}; {note}"
+    withheld = [level for level in second.levels or (second.speed,) if level.why and level.ratio is not None]
+    slowed = first.speed.outcome in (Outcome.FAIL, Outcome.UNPROVEN)
+    if (
+        slowed
+        and second.outcome.rank < Outcome.UNPROVEN.rank
+        and any(lv.outcome is Outcome.UNDECIDED for lv in withheld)
+    ):
+        # A slowdown measured, then a sample whose speed verdict the load or the host withheld: nothing says the
+        # slowdown went away, so no PASS (measured again while samples are left, else not proven).
+        level = min((lv for lv in withheld if lv.outcome is Outcome.UNDECIDED), key=lambda lv: lv.ratio or 0.0)
+        text = (
+            f"{level.figure()} withheld ({level.why}) after a slowdown measured on an earlier sample: "
+            "not proven, never a PASS"
+        )
+        return replace(second, outcome=Outcome.UNPROVEN, reasons=(text, *second.reasons), first_sample=note)
     return replace(second, first_sample=note)
 
 

@@ -141,3 +141,19 @@ def test_an_int_concurrency_is_one_level_and_the_default_is_1_and_8() -> None:
     assert DEFAULTS.concurrency == [1, 8] and DEFAULTS.requests_per_side == 32
     assert CompareSettings.model_validate({"concurrency": 4}).concurrency == [4]
     assert CompareSettings.model_validate({"concurrency": [2, 16]}).requests_per_side == 32
+
+
+def test_a_slowdown_then_a_withheld_speed_is_unproven_never_a_pass() -> None:
+    # Testbed, issue 48: a slow release measured 0.85x at concurrency 8 (a FAIL); its second sample met a baseline
+    # measured on a busier host, so its speed was withheld (0.95x, 0.58x allowing for it) and the deploy PASSed.
+    first = compare(levels(), levels(at_8=1.25, noise_sign=-1), DEFAULTS, baseline="r1")
+    assert first.outcome is Outcome.FAIL
+    old = ComparisonSample(tuple(replace(r, host_s=0.003) for r in levels().requests), "metrics")
+    new = ComparisonSample(tuple(replace(r, host_s=0.002) for r in levels(at_8=1.05, noise_sign=-1).requests))
+    busy = compare(old, new, DEFAULTS, baseline="r1")
+    assert busy.outcome is Outcome.UNDECIDED and busy.levels[1].outcome is Outcome.UNDECIDED
+    after = confirm(first, busy)
+    assert after.outcome is Outcome.UNPROVEN and "not proven, never a PASS" in after.reasons[0]
+    assert after.reasons[0].startswith("decode 0.95x at concurrency 8 (p=")
+    # Withheld without a slowdown measured before: it stays as it was (a cannot-decide that passes).
+    assert confirm(compare(levels(), levels(noise_sign=-1), DEFAULTS), busy).outcome is Outcome.UNDECIDED

@@ -70,7 +70,9 @@ def test_a_140_kb_prompt_and_the_comparison_workload_on_the_standin(
         # prompt's length); before, the command never ran (`Argument list too long`).
         (request,) = wave.requests
         assert request.ok or (request.status == 400 and "the prompt" in (request.error or "")), request
-        settings = CompareSettings(prompts=["The capital of France is", "def f(x):", "Once upon"], max_new_tokens=8)
+        settings = CompareSettings(
+            prompts=["The capital of France is", "def f(x):", "Once upon"], max_new_tokens=8, concurrency=1
+        )
         first, second = (run_workload(r, host, settings=settings) for _ in range(2))
     for run in (first, second):
         assert (run.warmup_sent, run.warmup_failed, run.unsent) == (2, 0, 0)
