@@ -36,8 +36,16 @@ def inventory(hosts: dict[str, dict[str, Any]] | list[str], defaults: dict[str, 
 
 
 def without_comparison(h: HostConfig) -> HostConfig:
-    """``h`` with ``gate.compare.enabled: false``: for testbed tests that are not about the comparison with the
-    release replaced (tests/pipeline/test_testbed_comparison.py is). On the 2-core machine, with other hosts
-    restarting beside it, an A/A comparison only adds seconds, and a busy moment can turn its speed figure."""
+    """``h`` with ``gate.compare.enabled: false`` and ``gate.speed.enabled: false``: for testbed tests that are not
+    about the comparison with the release replaced nor the pre-restart speed check
+    (tests/pipeline/test_testbed_comparison.py and test_speed_testbed.py are). On the 2-core machine, with other hosts
+    restarting beside it, an A/A comparison or speed check only adds seconds, and a busy moment can turn a figure."""
     compare = h.gate.compare.model_copy(update={"enabled": False})
-    return h.model_copy(update={"gate": h.gate.model_copy(update={"compare": compare})})
+    speed = h.gate.speed.model_copy(update={"enabled": False})
+    return h.model_copy(update={"gate": h.gate.model_copy(update={"compare": compare, "speed": speed})})
+
+
+def with_speed_check(h: HostConfig) -> HostConfig:
+    """``h`` with the pre-restart speed check on (``gate.speed.enabled: true``)."""
+    speed = h.gate.speed.model_copy(update={"enabled": True})
+    return h.model_copy(update={"gate": h.gate.model_copy(update={"speed": speed})})

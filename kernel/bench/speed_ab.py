@@ -140,7 +140,7 @@ def main() -> None:
         "# Pre-restart speed check on the GPU machine (`run_device.sh speed-ab`)",
         "",
         f"Judge: FAIL when slower than {1 + args.max_slowdown:g}x and p < {args.alpha:g} (signed-rank over the pairs); "
-        f"slowed copy: +{args.slow:.0%} of each call (a GPU spin inside the graph).",
+        f"slowed copy: +{args.slow:.0%} keys in every request (more work for the kernel in the same launches).",
         "",
         "| run | verdict | speed | p | worst | pairs | seconds |",
         "|---|---|---:|---:|---|---:|---:|",
@@ -182,7 +182,7 @@ if __name__ == "__main__":
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--budget-s", type=float, default=30.0)
-    ap.add_argument("--max-slowdown", type=float, default=0.015)
+    ap.add_argument("--max-slowdown", type=float, default=0.02)
     ap.add_argument("--alpha", type=float, default=0.001)
     args = ap.parse_args()
     main()

@@ -13,6 +13,7 @@ from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
 from opsctl.unit import systemctl
+from tests.builders import with_speed_check
 from tests.pipeline import trees
 from tests.pipeline.test_testbed_deploy import Recorder, assert_healthy, ensure_good, fast, state
 
@@ -24,7 +25,7 @@ def invocation(host: HostConfig) -> str:
 
 @pytest.fixture
 def host(testbed: Inventory) -> HostConfig:
-    return fast(testbed.host("tb1"))
+    return with_speed_check(fast(testbed.host("tb1")))
 
 
 def test_a_slower_release_is_refused_before_the_restart(
