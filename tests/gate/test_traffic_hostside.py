@@ -237,3 +237,13 @@ def test_parse_compare_refuses_an_answer_that_is_not_a_sample() -> None:
                                                            "ttft_s": None, "spec_accept_length": None}]}}))  # fmt: skip
     with pytest.raises(ValueError, match="refused its configuration"):
         parse_compare('{"config_error": "x"}')
+
+
+@pytest.mark.parametrize("levels", [[], [0], [True], ["8"], [1.5]])
+def test_a_concurrency_list_that_is_not_levels_is_refused_on_the_host(levels: list[object]) -> None:
+    cfg = {"mode": "compare", "host": "127.0.0.1", "port": 1, "endpoint": "/generate", "rid_prefix": "x",
+           "max_new_tokens": 4, "timeout_s": 1, "prompts": ["a"], "concurrency": levels}  # fmt: skip
+    with pytest.raises(ValueError, match="concurrency must be a number or a list of positive integers"):
+        traffic.check_config(cfg)
+    assert traffic.levels(traffic.check_config({**cfg, "concurrency": [1, 8]})) == [1, 8]
+    assert traffic.levels(traffic.check_config({**cfg, "concurrency": 4})) == [4]
