@@ -20,7 +20,9 @@ from tests.pipeline.test_testbed_deploy import Recorder, assert_healthy, ensure_
 
 def invocation(host: HostConfig) -> str:
     with connect(host) as r:
-        return r.run(f"systemctl show -p InvocationID --value {systemctl.service(host.unit)}", timeout=30).stdout.strip()
+        return r.run(
+            f"systemctl show -p InvocationID --value {systemctl.service(host.unit)}", timeout=30
+        ).stdout.strip()
 
 
 @pytest.fixture
