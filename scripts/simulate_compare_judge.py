@@ -121,7 +121,7 @@ def smallest_detected(rows: list[dict[str, float]], key: str, at: float = 0.95) 
 
 
 def run_simulate(args: argparse.Namespace) -> None:
-    settings = CompareSettings()
+    settings = CompareSettings() if args.max_slowdown is None else CompareSettings(max_slowdown=args.max_slowdown)
     unpaired = CompareSettings(max_slowdown=0.10, alpha=0.01)  # the defaults before issue 48
     models: list[dict[str, Any]] = [{"name": "issue 48 model (GPU host, CUDA graphs)", "side": 0.02, "paired": 0.02}]
     if args.testbed_noise:
@@ -291,6 +291,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("simulate")
     s.add_argument("--draws", type=int, default=10_000)
+    s.add_argument("--max-slowdown", type=float, default=None, help="the paired judge's (default: the inventory's)")
     s.add_argument("--testbed-noise", help="the JSON `measure` printed")
     s.add_argument("--json", help="write the results here")
     s.add_argument("--markdown", help="write the table here")
