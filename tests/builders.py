@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from opsctl.inventory import HostConfig, Inventory, parse
+from opsctl.inventory import CompareSettings, HostConfig, Inventory, parse
 
 LOCAL = "127.0.0.1"
 
@@ -49,3 +49,9 @@ def with_speed_check(h: HostConfig) -> HostConfig:
     """``h`` with the pre-restart speed check on (``gate.speed.enabled: true``)."""
     speed = h.gate.speed.model_copy(update={"enabled": True})
     return h.model_copy(update={"gate": h.gate.model_copy(update={"speed": speed})})
+
+
+def compare_at_1_and_8(h: HostConfig) -> CompareSettings:
+    """``h``'s comparison at concurrency 1 and 8, the default of ``gate.compare`` (the testbed's inventory runs only
+    1: with three test workers on 2 cores the testbed cannot judge 8 concurrent requests of an A/A deploy)."""
+    return h.gate.compare.model_copy(update={"concurrency": [1, 8]})

@@ -13,6 +13,7 @@ from opsctl import pipeline as d
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.testbed import variants
+from tests.builders import compare_at_1_and_8
 from tests.pipeline import trees
 from tests.pipeline.test_testbed_deploy import ensure_good, fast, state
 
@@ -23,7 +24,7 @@ def tb2(testbed: Inventory) -> HostConfig:
     host = testbed.host("tb2")
     no_speed = host.gate.speed.model_copy(update={"enabled": False})
     return fast(host).model_copy(
-        update={"gate": fast(host).gate.model_copy(update={"compare": host.gate.compare, "speed": no_speed})}
+        update={"gate": fast(host).gate.model_copy(update={"compare": compare_at_1_and_8(host), "speed": no_speed})}
     )
 
 
