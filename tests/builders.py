@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from opsctl.inventory import CompareSettings, HostConfig, Inventory, parse
+from opsctl.inventory import HostConfig, Inventory, parse
 
 LOCAL = "127.0.0.1"
 
@@ -51,7 +51,10 @@ def with_speed_check(h: HostConfig) -> HostConfig:
     return h.model_copy(update={"gate": h.gate.model_copy(update={"speed": speed})})
 
 
-def compare_at_1_and_8(h: HostConfig) -> CompareSettings:
-    """``h``'s comparison at concurrency 1 and 8, the default of ``gate.compare`` (the testbed's inventory runs only
-    1: with three test workers on 2 cores the testbed cannot judge 8 concurrent requests of an A/A deploy)."""
-    return h.gate.compare.model_copy(update={"concurrency": [1, 8]})
+def comparing_at_1_and_8(h: HostConfig) -> HostConfig:
+    """``h`` with the comparison on at concurrency 1 and 8, the default of ``gate.compare`` (the testbed's inventory
+    runs only 1: with three test workers on 2 cores the testbed cannot judge 8 concurrent requests of an A/A deploy),
+    and without the pre-restart speed check (issue 48), which refuses a slow release before the comparison sees it."""
+    compare = h.gate.compare.model_copy(update={"enabled": True, "concurrency": [1, 8]})
+    speed = h.gate.speed.model_copy(update={"enabled": False})
+    return h.model_copy(update={"gate": h.gate.model_copy(update={"compare": compare, "speed": speed})})

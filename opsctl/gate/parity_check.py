@@ -574,7 +574,6 @@ class _Checker:
         rec = parse_line(message, journal_prefix=prefixed) if marked else None
         if rec is None and marked and entry.unreadable:
             rec = malformed_line(message, "a JSON line that does not parse")
-        cur = self.current
         if self.given is None:
             if entry.boundary and cur.parity_lines:
                 cur = self._start_new(number)

@@ -13,7 +13,7 @@ from opsctl import pipeline as d
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.testbed import variants
-from tests.builders import compare_at_1_and_8
+from tests.builders import comparing_at_1_and_8
 from tests.pipeline import trees
 from tests.pipeline.test_testbed_deploy import assert_healthy, ensure_good, fast, state
 
@@ -23,12 +23,7 @@ COMPARISON_BUDGET_S = 15.0  # what the comparison may add to a testbed deploy (i
 @pytest.fixture
 def tb2(testbed: Inventory) -> HostConfig:
     """tb2 with the pipeline tests' short gate, the comparison on (as the inventory has it)."""
-    host = testbed.host("tb2")
-    # Without the pre-restart speed check (issue 48), which refuses a slow release before the comparison sees it.
-    no_speed = host.gate.speed.model_copy(update={"enabled": False})
-    return fast(host).model_copy(
-        update={"gate": fast(host).gate.model_copy(update={"compare": compare_at_1_and_8(host), "speed": no_speed})}
-    )
+    return comparing_at_1_and_8(fast(testbed.host("tb2")))
 
 
 def test_the_same_release_again_compares_equal_and_is_recorded(tb2: HostConfig, good_tree: Path, good_id: str) -> None:

@@ -16,7 +16,7 @@ from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
 from opsctl.testbed import reset_host, variants
-from tests.builders import compare_at_1_and_8
+from tests.builders import comparing_at_1_and_8
 from tests.pipeline import trees
 from tests.pipeline.test_testbed_deploy import Recorder, ensure_good, fast, state
 
@@ -28,12 +28,7 @@ KEY = "sk-testbed-compare-4d1e8a"
 @pytest.fixture
 def tb2(testbed: Inventory) -> HostConfig:
     """tb2 with the pipeline tests' short gate, the comparison on (as the inventory has it)."""
-    host = testbed.host(HOST)
-    # Without the pre-restart speed check (issue 48), which refuses a slow release before the comparison sees it.
-    no_speed = host.gate.speed.model_copy(update={"enabled": False})
-    return fast(host).model_copy(
-        update={"gate": fast(host).gate.model_copy(update={"compare": compare_at_1_and_8(host), "speed": no_speed})}
-    )
+    return comparing_at_1_and_8(fast(testbed.host(HOST)))
 
 
 # Two busy loops, and a watcher that moves them into the cgroup of each `python3 -` (the workload's host program:

@@ -13,7 +13,7 @@ from opsctl import pipeline as d
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.release import make_manifest
 from opsctl.testbed import variants
-from tests.builders import compare_at_1_and_8
+from tests.builders import comparing_at_1_and_8
 from tests.pipeline import trees
 from tests.pipeline.test_testbed_deploy import ensure_good, fast, state
 
@@ -21,11 +21,7 @@ from tests.pipeline.test_testbed_deploy import ensure_good, fast, state
 @pytest.fixture
 def tb2(testbed: Inventory) -> HostConfig:
     """tb2 with the pipeline tests' short gate, the comparison on (as the inventory has it), no speed check."""
-    host = testbed.host("tb2")
-    no_speed = host.gate.speed.model_copy(update={"enabled": False})
-    return fast(host).model_copy(
-        update={"gate": fast(host).gate.model_copy(update={"compare": compare_at_1_and_8(host), "speed": no_speed})}
-    )
+    return comparing_at_1_and_8(fast(testbed.host("tb2")))
 
 
 def deploy_bad(host: HostConfig, tree: Path, good_tree: Path, good_id: str) -> d.DeployResult:
