@@ -84,7 +84,7 @@ def simulate(
     seed: int,
 ) -> dict[str, float]:
     rng = np.random.default_rng(seed)
-    first = confirmed = first_u = confirmed_u = 0
+    first = confirmed = unproven = first_u = confirmed_u = 0
     for _ in range(draws):
         prompt = rng.normal(0.0, PROMPT_SPREAD, size=PROMPTS)
         old = draw_side(rng, prompt, side, paired, 0.0)
@@ -96,6 +96,7 @@ def simulate(
         if needs_another_sample(result):
             result = confirm(result, compare(a, sample(again), settings))
         confirmed += result.outcome is Outcome.FAIL
+        unproven += result.outcome is Outcome.UNPROVEN  # not proven after the second sample: rolled back, not marked
         if unpaired_fails(old, new, unpaired):
             first_u += 1
             confirmed_u += unpaired_fails(old, again, unpaired)
@@ -104,6 +105,7 @@ def simulate(
         "draws": draws,
         "fail_first": first / draws,
         "fail_confirmed": confirmed / draws,
+        "unproven_confirmed": unproven / draws,
         "unpaired_fail_first": first_u / draws,
         "unpaired_fail_confirmed": confirmed_u / draws,
     }
@@ -173,19 +175,22 @@ def markdown(out: dict[str, Any]) -> str:
         f"Paired judge at max_slowdown {s['max_slowdown']}, alpha {s['alpha']}, {s['prompts']} prompts; the unpaired "
         f"judge of before issue 48 (max_slowdown {out['unpaired_settings']['max_slowdown']}, alpha "
         f"{out['unpaired_settings']['alpha']}) on the same draws. FAIL rates: first sample / with the confirmation "
-        "(a speed-only FAIL measured again against the same baseline). Slowdown 0 is A/A (false FAIL).",
+        "(a speed-only FAIL measured again against the same baseline). Slowdown 0 is A/A (false FAIL). "
+        "UNPROVEN: a slowdown beyond the bound measured on both samples but within their noise (or withheld): "
+        "never a PASS, rolled back without marking the release bad.",
         "",
     ]
     for model in out["models"]:
         lines += [
             f"## {model['name']}: paired spread {model['paired']:.3f}, whole-side shift {model['side']:.3f} (log, sd)",
             "",
-            "| slowdown | paired: first | paired: confirmed | unpaired: first | unpaired: confirmed |",
-            "|---|---|---|---|---|",
+            "| slowdown | paired: first | paired: confirmed | paired: UNPROVEN | unpaired: first | unpaired: confirmed |",
+            "|---|---|---|---|---|---|",
         ]
         for r in model["rows"]:
             lines.append(
                 f"| {r['slowdown']:.0%} | {r['fail_first']:.2%} | {r['fail_confirmed']:.2%} | "
+                f"{r.get('unproven_confirmed', 0.0):.2%} | "
                 f"{r['unpaired_fail_first']:.2%} | {r['unpaired_fail_confirmed']:.2%} |"
             )
 

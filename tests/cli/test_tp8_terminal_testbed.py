@@ -45,11 +45,11 @@ globals()["fault_parity"] = _rank_5_off
 
 def tp8_inventory(tmp_path: Path, testbed: Inventory) -> Path:
     """The testbed inventory with tb2 serving as 8 TP ranks (three parity layers, as deploy/kdtree.json has), and
-    without the comparison (not what this test is about; tests/pipeline/test_testbed_comparison.py is)."""
+    without the comparison and the pre-restart speed check (not what this test is about; their own tests are)."""
     doc = yaml.safe_load(Path(testbed.path).read_text())
     over = doc["hosts"][HOST]
     over["service"] = {**over.get("service", {}), "tp": 8}
-    over["gate"] = {"compare": {"enabled": False}}
+    over["gate"] = {"compare": {"enabled": False}, "speed": {"enabled": False}}
     path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path

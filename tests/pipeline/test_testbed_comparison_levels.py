@@ -17,6 +17,10 @@ from tests.builders import comparing_at_1_and_8
 from tests.pipeline import trees
 from tests.pipeline.test_testbed_deploy import ensure_good, fast, state
 
+# They judge decode speed on the testbed: .ci/run runs them last, one at a time, on an otherwise idle machine
+# (beside two other workers on 2 cores a 1.5x slower release was once measured within the pairs' noise).
+pytestmark = pytest.mark.quiet
+
 
 @pytest.fixture
 def tb2(testbed: Inventory) -> HostConfig:
