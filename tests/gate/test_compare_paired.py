@@ -160,3 +160,22 @@ def test_a_slowdown_then_a_withheld_speed_is_unproven_never_a_pass() -> None:
     assert after.reasons[0].startswith("decode 0.97x at concurrency 8 (p=")
     # Withheld without a slowdown measured before: it stays as it was (a cannot-decide that passes).
     assert confirm(compare(levels(), levels(noise_sign=-1), DEFAULTS), busy).outcome is Outcome.UNDECIDED
+
+
+def test_a_slowdown_the_margin_hides_in_a_sample_too_noisy_to_trust_is_unproven_never_a_pass() -> None:
+    # CI, issue 48: a 1.5x slower release measured 0.65x at p=3e-5 beside two other test workers on 2 cores, with a
+    # spread so wide that the bound less the margin fell below it: it passed.
+    from opsctl.gate.compare import MAX_TRUSTED_SPREAD
+
+    wide = [0.45 + (0.44 if i % 2 else -0.44) * (i % 5) / 4 for i in range(16)]  # all slower, widely spread
+    assert all(d > 0 for d in wide) and pair_spread(wide) > MAX_TRUSTED_SPREAD
+    old = [0.01] * 16
+    noisy = judge_speed(old, [0.01 * math.exp(d) for d in wide], DEFAULTS)
+    assert noisy.ratio is not None and noisy.ratio < 1 - DEFAULTS.max_slowdown and noisy.p is not None
+    assert noisy.floor is not None and noisy.ratio >= noisy.floor  # the margin alone keeps it from a FAIL
+    assert noisy.outcome is Outcome.UNPROVEN and "too noisy a sample" in noisy.why, noisy
+    # The same slowdown with a spread the margin is trusted for, inside the margin: a PASS as before.
+    trusted = [0.05 + 0.02 * ((i * 5 % 7) - 3) / 3 for i in range(16)]
+    assert pair_spread(trusted) <= MAX_TRUSTED_SPREAD
+    calm = judge_speed(old, [0.01 * math.exp(d) for d in trusted], DEFAULTS)
+    assert calm.ratio is not None and calm.ratio < 1 - DEFAULTS.max_slowdown and calm.outcome is Outcome.PASS, calm

@@ -52,9 +52,7 @@ def test_same_release_false_fail_is_rare_and_rarer_confirmed() -> None:
 
 def test_a_12_percent_slowdown_is_detected_95_percent_of_the_time_with_the_confirmation() -> None:
     first, confirmed = rates(49, 2_000, 0.12)
-    # 95.8% at 10,000 draws (docs/gate.md); a first sample UNPROVEN (beyond the bound, within its noise) and a FAIL
-    # on the second is a FAIL too, so the confirmation may add FAILs.
-    assert confirmed >= 0.94 and first >= 0.9, (first, confirmed)
+    assert confirmed >= 0.94 and first >= confirmed, (first, confirmed)  # 95.8% at 10,000 draws (docs/gate.md)
 
 
 def test_a_20_percent_slowdown_is_detected_almost_always() -> None:
