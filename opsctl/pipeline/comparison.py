@@ -1,6 +1,6 @@
 """The comparison's steps (docs/gate.md "The comparison", docs/pipeline.md): the workload (``gate.compare``) sent to
 the running release before ``current`` is switched (the baseline), and to the new one once the gate has PASSed
-(the candidate); the two samples judged by opsctl/gate/compare.py. ``deploy`` and ``restart`` (an A/A check) list
+(the candidate); the two samples judged by opsctl/comparison/compare.py. ``deploy`` and ``restart`` (an A/A check) list
 them.
 
 * The baseline is taken only when the comparison is enabled, the unit serves HTTP (not the replay service), a
@@ -11,7 +11,7 @@ them.
   ``health --probe`` compares with later) and, with a baseline, judged; without one its requests must still be
   answered. With ``gate.compare.enforce: false`` the verdict is only reported.
 * A FAIL on decode speed alone is confirmed before it stands: the workload runs on the new release once more and
-  that second sample is judged (opsctl/gate/compare.py ``confirm``); a busy minute on a shared host does not brand
+  that second sample is judged (opsctl/comparison/compare.py ``confirm``); a busy minute on a shared host does not brand
   a good release, a slower one is slower again.
 * What a deploy's and restart's record keep, under ``comparison``: ``{"baseline_release", "outcome", "enforced",
   "line", "reason", "result" (the judge's JSON), "baseline", "candidate" (the samples; with a confirmation also
@@ -24,9 +24,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from ..comparison.compare import compare, confirm, judge_alone, min_pairs, needs_another_sample
+from ..comparison.results import Outcome
+from ..comparison.sample import ComparisonSample
 from ..errors import DeployFailed
-from ..gate.compare import Outcome, compare, confirm, judge_alone, min_pairs, needs_another_sample
-from ..gate.sample import ComparisonSample
 from ..gate.traffic import ProbeClient, serves_http
 from ..gate.workload import run_compare_workload
 from .compareplan import skip_reason

@@ -8,9 +8,11 @@ import json
 import math
 from dataclasses import replace
 
-from opsctl.gate.compare import NOISE_MARGIN, Outcome, compare, confirm, judge_speed, only_speed_fails, pair_spread
-from opsctl.gate.mannwhitney import mann_whitney_greater
-from opsctl.gate.sample import CompareRequest, ComparisonSample
+from opsctl.comparison.compare import compare, confirm, only_speed_fails
+from opsctl.comparison.decode import judge_speed, pair_spread
+from opsctl.comparison.mannwhitney import mann_whitney_greater
+from opsctl.comparison.results import NOISE_MARGIN, Outcome
+from opsctl.comparison.sample import CompareRequest, ComparisonSample
 from opsctl.inventory import CompareSettings
 
 DEFAULTS = CompareSettings()
