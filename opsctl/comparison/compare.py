@@ -173,36 +173,34 @@ def _settings_doc(settings: Thresholds) -> dict[str, float | int]:
 # ------------------------------------------------------------------------------------------------ the judges
 
 
+def _of_requests(outcome: Outcome, indices: Sequence[int], case: _Case, text: str) -> Finding | None:
+    """A finding about some of the requests, None when there are none: ``text`` names their count (``{k} of
+    {n}``), what failed (``{examples}``) and ``{baseline}``."""
+    if not indices:
+        return None
+    examples = _examples(case.new, indices)
+    return Finding(outcome, text.format(k=len(indices), n=case.n, examples=examples, baseline=case.baseline))
+
+
 def _refused(f: Failures, case: _Case) -> Finding | None:
     """A 4xx from the new release where the old one answered: it broke the API."""
-    if not f.new_client_errors:
-        return None
-    text = (
-        f"the new release refused {len(f.new_client_errors)} of {case.n} requests that {case.baseline} answered "
-        f"({_examples(case.new, f.new_client_errors)}): it broke the API"
-    )
-    return Finding(Outcome.FAIL, text)
+    text = "the new release refused {k} of {n} requests that {baseline} answered ({examples}): it broke the API"
+    return _of_requests(Outcome.FAIL, f.new_client_errors, case, text)
 
 
 def _failed(f: Failures, case: _Case) -> Finding | None:
     """Any other failure of the new release where the old one answered."""
     other = [i for i in f.new_failed if i not in f.new_client_errors]
-    if not other:
-        return None
-    return Finding(
-        Outcome.FAIL, f"{len(other)} of {case.n} requests failed on the new release ({_examples(case.new, other)})"
-    )
+    return _of_requests(Outcome.FAIL, other, case, "{k} of {n} requests failed on the new release ({examples})")
 
 
 def _unfit(f: Failures, case: _Case) -> Finding | None:
     """A 4xx on both sides: the workload's configuration, no verdict on the release."""
-    if not f.both_client_errors:
-        return None
     text = (
-        f"{len(f.both_client_errors)} of {case.n} requests refused by both releases "
-        f"({_examples(case.new, f.both_client_errors)}): the workload does not fit this server (gate.compare)"
+        "{k} of {n} requests refused by both releases ({examples}): the workload does not fit this server "
+        "(gate.compare)"
     )
-    return Finding(Outcome.ERROR, text)
+    return _of_requests(Outcome.ERROR, f.both_client_errors, case, text)
 
 
 def _too_few(pairs: int, case: _Case) -> Finding | None:
@@ -216,13 +214,13 @@ def _too_few(pairs: int, case: _Case) -> Finding | None:
 
 
 def _answers(answers: Answers | None, case: _Case) -> Finding | None:
+    """Fewer prompts answered alike than ``min_identical`` of them."""
     if answers is None or answers.outcome is not Outcome.FAIL:
         return None
-    text = (
-        f"answers: {answers.identical}/{answers.judged} identical over the first {answers.compare_tokens} "
-        f"tokens (need {case.settings.min_identical:.0%}); {answers.diverged()}"
+    over = f"over the first {answers.compare_tokens} tokens (need {case.settings.min_identical:.0%})"
+    return Finding(
+        Outcome.FAIL, f"answers: {answers.identical}/{answers.judged} identical {over}; {answers.diverged()}"
     )
-    return Finding(Outcome.FAIL, text)
 
 
 def _speed(speed: Speed, case: _Case) -> Finding | None:
@@ -251,14 +249,13 @@ def _speed(speed: Speed, case: _Case) -> Finding | None:
 
 
 def _drafts(drafts: Drafts | None, case: _Case) -> Finding | None:
+    """Accepted drafts dropped beyond ``max_accept_drop``, and not by chance."""
     if drafts is None or drafts.outcome is not Outcome.FAIL:
         return None
-    text = (
-        f"accepted drafts {drafts.old_mean:.2f} -> {drafts.new_mean:.2f} of {case.baseline} "
-        f"(-{1 - drafts.new_mean / drafts.old_mean:.0%}, p={p_text(drafts.p)}; fails beyond "
-        f"-{case.settings.max_accept_drop:.0%})"
-    )
-    return Finding(Outcome.FAIL, text)
+    drop = f"-{1 - drafts.new_mean / drafts.old_mean:.0%}, p={p_text(drafts.p)}"
+    means = f"{drafts.old_mean:.2f} -> {drafts.new_mean:.2f}"
+    bound = f"fails beyond -{case.settings.max_accept_drop:.0%}"
+    return Finding(Outcome.FAIL, f"accepted drafts {means} of {case.baseline} ({drop}; {bound})")
 
 
 def _findings(

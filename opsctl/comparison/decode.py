@@ -96,23 +96,9 @@ class _Measured:
 
     def speed(self, outcome: Outcome, why: str = "", *, adjusted_ratio: float | None = None, note: str = "") -> Speed:
         n = len(self.diffs)
-        return Speed(
-            outcome,
-            self.ratio,
-            self.p,
-            n,
-            n,
-            self.old_median,
-            self.new_median,
-            why,
-            adjusted_ratio=adjusted_ratio,
-            note=note,
-            concurrency=self.concurrency,
-            left_out=self.left_out,
-            per=self.per,
-            spread=self.spread,
-            floor=self.floor,
-        )
+        measured = (self.ratio, self.p, n, n, self.old_median, self.new_median)
+        level = (self.concurrency, self.left_out, self.per, self.spread, self.floor)
+        return Speed(outcome, *measured, why, adjusted_ratio, note, *level)
 
 
 def _measure(
