@@ -6,7 +6,7 @@ statistics"; issue 48), and the testbed's own noise measured from A/A deploys.
     .venv/bin/python scripts/simulate_compare_judge.py aa HOST N RECORDS.jsonl [TREE]   # A/A deploys on the testbed
 
 ``simulate``: every draw builds two (or, with the confirmation, three) samples of 16 prompts and calls the real
-``opsctl.gate.compare.compare`` (and ``confirm`` after a speed-only FAIL, as a deploy does); the unpaired judge of
+``opsctl.comparison.compare.compare`` (and ``confirm`` after a speed-only FAIL, as a deploy does); the unpaired judge of
 before issue 48 (median ratio, one-sided Mann-Whitney U over per-request times, the same bound) is run on the same
 draws beside it. The noise model, in log time per verify step of prompt i on a side s:
 
@@ -42,9 +42,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from opsctl.gate.compare import Outcome, compare, confirm, needs_another_sample  # noqa: E402
-from opsctl.gate.mannwhitney import mann_whitney_greater  # noqa: E402
-from opsctl.gate.sample import CompareRequest, ComparisonSample  # noqa: E402
+from opsctl.comparison.compare import compare, confirm, needs_another_sample  # noqa: E402
+from opsctl.comparison.mannwhitney import mann_whitney_greater  # noqa: E402
+from opsctl.comparison.results import Outcome  # noqa: E402
+from opsctl.comparison.sample import CompareRequest, ComparisonSample  # noqa: E402
 from opsctl.inventory import CompareSettings  # noqa: E402
 
 PROMPTS = 16

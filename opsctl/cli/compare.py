@@ -1,5 +1,5 @@
 """``opsctl compare BASELINE.json CANDIDATE.json``: judge two recorded comparison samples offline, with the judge
-and settings a deploy uses (opsctl/gate/compare.py, docs/gate.md "The comparison"). Exit 0 when the candidate
+and settings a deploy uses (opsctl/comparison/compare.py, docs/gate.md "The comparison"). Exit 0 when the candidate
 passes, 31 when it fails, 32 when the samples cannot decide (too few answered requests, the load differed, 4xx on
 both sides) or a slowdown beyond the bound is withheld (UNPROVEN: the load or the host's contention could explain
 it; never a pass), 2 for bad input. Connects nowhere: it imports neither the SSH stack nor the pipeline."""
@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
+from ..comparison.compare import compare
+from ..comparison.results import Comparison, Outcome
+from ..comparison.sample import ComparisonSample, SampleError
 from ..errors import EXIT_UNPROVEN, GateFailed, UsageError
-from ..gate.compare import Comparison, Outcome, compare
-from ..gate.sample import ComparisonSample, SampleError
 from ..terminal import escaped
 from . import common
 

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..comparison.sample import ComparisonSample, SampleError
 from ..errors import DeployFailed
 from ..inventory import CompareSettings, HostConfig
 from ..ssh.remote import Remote
-from .sample import ComparisonSample, SampleError
 from .traffic import COMMAND_SLACK_S, base_config, command, document, payload
 
 RID_PREFIX = "opsctl-compare"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ..comparison.results import Outcome
 from ..fleet.fanout import DEFAULT_WORKERS, run_on_hosts
-from ..gate.compare import Outcome
 from ..gate.decision import GateState, LineVerdict
 from ..gate.traffic import serves_http
 from ..inventory import HostConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..gate.compare import Comparison
+from ..comparison.results import Comparison
 from ..gate.lines import ParityLine
 
 

@@ -25,11 +25,11 @@ from typing import Any
 
 from kdtree_backend.wire import MARKER
 
+from ..comparison.compare import compare
+from ..comparison.sample import ComparisonSample
 from ..errors import DeployFailed, OpsError
-from ..gate.compare import compare
 from ..gate.decision import GateState, judge
 from ..gate.lines import ParityLine
-from ..gate.sample import ComparisonSample
 from ..gate.traffic import ProbeClient, serves_http
 from ..gate.workload import run_compare_workload
 from ..host import history as host_history

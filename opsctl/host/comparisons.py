@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from ..gate.sample import ComparisonSample, SampleError
+from ..comparison.sample import ComparisonSample, SampleError
 from .history import DeployVerdict, HistoryEvent, HistoryRecord
 
 _EVENTS = (HistoryEvent.DEPLOY, HistoryEvent.RESTART)

@@ -3,7 +3,7 @@ in words for ``deploy --dry-run`` (docs/gate.md "The comparison"). Pure: data in
 
 from __future__ import annotations
 
-from ..gate.compare import rules_line
+from ..comparison.compare import rules_line
 from ..gate.traffic import serves_http
 from ..gate.workload import plan_lines
 from ..host.releaseroot import HostSnapshot

@@ -1,6 +1,6 @@
 """The comparison's steps (docs/gate.md "The comparison", docs/pipeline.md): the workload (``gate.compare``) sent to
 the running release before ``current`` is switched (the baseline), and to the new one once the gate has PASSed
-(the candidate); the two samples judged by opsctl/gate/compare.py. ``deploy`` and ``restart`` (an A/A check) list
+(the candidate); the two samples judged by opsctl/comparison/compare.py. ``deploy`` and ``restart`` (an A/A check) list
 them.
 
 * The baseline is taken only when the comparison is enabled, the unit serves HTTP (not the replay service), a
@@ -11,7 +11,7 @@ them.
   ``health --probe`` compares with later) and, with a baseline, judged; without one its requests must still be
   answered. With ``gate.compare.enforce: false`` the verdict is only reported.
 * A FAIL on decode speed alone is confirmed before it stands: the workload runs on the new release once more and
-  that second sample is judged (opsctl/gate/compare.py ``confirm``); a busy minute on a shared host does not brand
+  that second sample is judged (opsctl/comparison/compare.py ``confirm``); a busy minute on a shared host does not brand
   a good release, a slower one is slower again.
 * What a deploy's and restart's record keep, under ``comparison``: ``{"baseline_release", "outcome", "enforced",
   "line", "reason", "result" (the judge's JSON), "baseline", "candidate" (the samples; with a confirmation also
@@ -21,12 +21,14 @@ them.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..comparison.compare import compare, confirm, judge_alone, min_pairs, needs_another_sample
+from ..comparison.results import Outcome
+from ..comparison.sample import ComparisonSample
 from ..errors import DeployFailed
-from ..gate.compare import Outcome, compare, confirm, judge_alone, min_pairs, needs_another_sample
-from ..gate.sample import ComparisonSample
 from ..gate.traffic import ProbeClient, serves_http
 from ..gate.workload import run_compare_workload
 from .compareplan import skip_reason
@@ -43,11 +45,27 @@ MAX_CANDIDATE_SAMPLES = 3
 
 @dataclass
 class ComparisonState:
-    """What the baseline step leaves for the comparison step of the same command."""
+    """What the baseline step leaves for the comparison step of the same command, and what the two keep as the
+    run's ``comparison`` (``record``: see the module's docstring)."""
 
     baseline: ComparisonSample | None = None
     baseline_release: str | None = None
     skipped: str | None = None
+    record: dict[str, Any] | None = None
+
+
+def _recorded(state: ComparisonState, body: Callable[[Run], str]) -> Callable[[Run], str]:
+    """``body`` with the record it left in ``state`` kept as the run's ``comparison``, also when it raises (a
+    rejection, the baseline's configuration ERROR): the one place that writes ``run.result.comparison``."""
+
+    def run_(run: Run) -> str:
+        try:
+            return body(run)
+        finally:
+            if state.record is not None:
+                run.result.comparison = state.record
+
+    return run_
 
 
 def _ms_per_token(sample: ComparisonSample) -> str:
@@ -100,7 +118,7 @@ def baseline_step(state: ComparisonState, *, refused_is_error: bool = True) -> S
                 why = f"the workload could not run against the running release: {e.message}"
         if sample is not None and refused_is_error and refused_everything(sample):
             error = refusal_error(host.name, snap.current if snap is not None else None, sample)
-            run.result.comparison = {
+            state.record = {
                 "baseline_release": snap.current if snap is not None else None,
                 "outcome": str(Outcome.ERROR),
                 "reason": error.message,
@@ -113,13 +131,13 @@ def baseline_step(state: ComparisonState, *, refused_is_error: bool = True) -> S
                 why = f"the running release answered only {answered} of {n} requests ({_failures(sample)})"
         if why is not None or sample is None:
             state.skipped = why or "no sample"
-            run.result.comparison = {"skipped": state.skipped}
+            state.record = {"skipped": state.skipped}
             return f"skipped: {state.skipped}"
         assert snap is not None and snap.current
         state.baseline, state.baseline_release = sample, snap.current
         return f"{snap.current}: {len(sample.answered)}/{len(sample.requests)} answered{_ms_per_token(sample)}"
 
-    return Step("baseline", run_)
+    return Step("baseline", _recorded(state, run_))
 
 
 def _record(
@@ -143,13 +161,13 @@ def _candidate_sample(run: Run, state: ComparisonState) -> ComparisonSample | st
         return run_compare_workload(run.r, run.host, note=run.reporter.info)
     except DeployFailed as e:
         reason = f"the comparison workload could not run on the new release: {e.message}"
-        run.result.comparison = {"baseline_release": state.baseline_release, "outcome": "FAIL", "reason": reason}
+        state.record = {"baseline_release": state.baseline_release, "outcome": "FAIL", "reason": reason}
         return reason
 
 
 def judge_candidate(run: Run, state: ComparisonState) -> tuple[Outcome, str, str]:
     """Run the workload on the new release and judge it: (outcome, reason, the line to show); the record goes to
-    ``run.result.comparison``. The workload not running at all on the new release is a FAIL; a FAIL on decode
+    ``state.record``. The workload not running at all on the new release is a FAIL; a FAIL on decode
     speed alone is judged again on a second sample (``confirm``), and a slowdown whose verdict the load or the
     host's contention withheld (UNPROVEN) is measured again within :data:`MAX_CANDIDATE_SAMPLES`: what the last
     sample says stands (UNPROVEN when it is withheld still)."""
@@ -164,7 +182,7 @@ def judge_candidate(run: Run, state: ComparisonState) -> tuple[Outcome, str, str
             f"not compared ({state.skipped}); the new release's sample recorded: "
             f"{len(sample.answered)}/{len(sample.requests)} answered{_ms_per_token(sample)}"
         )
-        run.result.comparison = _record(state, sample, outcome, line, reason, enforced=enforced)
+        state.record = _record(state, sample, outcome, line, reason, enforced=enforced)
         return outcome, reason, line
     baseline = state.baseline_release or "the baseline"
     result = compare(state.baseline, sample, host.gate.compare, baseline=baseline)
@@ -185,7 +203,7 @@ def judge_candidate(run: Run, state: ComparisonState) -> tuple[Outcome, str, str
         samples += 1
     if samples > 1:
         extra["candidate_samples"] = samples
-    run.result.comparison = _record(
+    state.record = _record(
         state, sample, result.outcome, result.line(), result.reason, enforced=enforced, result=result.to_json(), **extra
     )
     return result.outcome, result.reason, result.line()
@@ -238,4 +256,4 @@ def comparison_step(state: ComparisonState, *, rejects: bool) -> Step:
             run.committed = True
         return detail
 
-    return Step(STAGE, run_, when=lambda run: run.result.verdict is DeployVerdict.PASS or rejects)
+    return Step(STAGE, _recorded(state, run_), when=lambda run: run.result.verdict is DeployVerdict.PASS or rejects)

@@ -4,4 +4,4 @@ against the running release's on the host's GPU, on the same calls, alternating,
 ``judge.py``: the timed pairs in, PASS / FAIL / cannot run and the figures out (pure). ``check.py``: the host
 program's command and the reader of what it prints, and the step's I/O.
 
-Imports: ``errors``, ``inventory``, ``ssh`` (the Remote protocol), ``gate`` (the signed-rank test), ``host``."""
+Imports: ``errors``, ``inventory``, ``ssh`` (the Remote protocol), ``comparison`` (the signed-rank test), ``host``."""

@@ -4,7 +4,7 @@ verdict and its figures out. Pure.
 Each call was timed on both releases once a round, back to back, the order flipped every round: a pair is
 ``log(new / old)`` of one call in one round. The slowdown is the geometric mean over the calls of each call's
 median pair (so that every shape weighs the same, and one busy round moves nothing), the evidence a one-sided Wilcoxon signed-rank test
-over all the pairs (:mod:`opsctl.gate.signedrank`). FAIL when the slowdown is beyond ``max_slowdown`` **and**
+over all the pairs (:mod:`opsctl.comparison.signedrank`). FAIL when the slowdown is beyond ``max_slowdown`` **and**
 ``p < alpha``; both numbers come from the measured noise (docs/gate.md "The pre-restart speed check")."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..gate.signedrank import signed_rank_greater
+from ..comparison.signedrank import signed_rank_greater
 
 
 class SpeedVerdict(StrEnum):

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from opsctl.gate.sample import ComparisonSample
-from tests.gate.test_compare import side, with_host_s, with_requests
+from opsctl.comparison.sample import ComparisonSample
+from tests.comparison.test_compare import side, with_host_s, with_requests
 
 NO_INVENTORY = {"OPSCTL_INVENTORY": "/nonexistent/inventory.yaml", "COLUMNS": "200"}
 

@@ -20,7 +20,7 @@ from opsctl.health import alerts
 from opsctl.inventory import loader
 from opsctl.inventory.fields import MAX_ALERT_COMMAND_CHARS
 from tests.cli.test_untrusted_text import _opsctl
-from tests.gate.test_compare import side
+from tests.comparison.test_compare import side
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 J = "2026-05-31T13:04:12+0000 ct200 python[22251]: "

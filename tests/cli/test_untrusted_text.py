@@ -36,7 +36,7 @@ from opsctl.lock.hostlock import describe_owner, json_object_or_none
 from opsctl.terminal import escaped
 from tests import builders
 from tests.cli.test_cli_verdicts import journal
-from tests.gate.test_compare import side, with_requests
+from tests.comparison.test_compare import side, with_requests
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 J = "2026-05-31T13:04:12+0000 ct200 python[22251]: "

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.comparison.sample import ComparisonSample
 from opsctl.gate import traffic_on_host as traffic
-from opsctl.gate.sample import ComparisonSample
 from opsctl.gate.traffic import ProbeClient
 from opsctl.gate.workload import compare_config, parse_compare, run_compare_workload, run_workload
 from opsctl.inventory import HostConfig

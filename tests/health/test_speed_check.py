@@ -5,14 +5,14 @@ Pure, over samples built as the workload records them."""
 from __future__ import annotations
 
 from opsctl.cli.render import render_prometheus
-from opsctl.gate.compare import compare
+from opsctl.comparison.compare import compare
 from opsctl.health.checks import check_speed, evaluate, speed_gauges
 from opsctl.health.findings import HostFacts, SpeedFacts
 from opsctl.health.levels import Level
 from opsctl.health.probe import SPEED_PROMPTS, speed_settings
 from opsctl.inventory import CompareSettings
 from tests import builders
-from tests.gate.test_compare import output, side
+from tests.comparison.test_compare import output, side
 
 HOST = builders.host("tb1", gpu_arch=None, service={"mode": "standin"})
 

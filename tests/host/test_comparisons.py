@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from opsctl.gate.compare import compare
+from opsctl.comparison.compare import compare
 from opsctl.host.comparisons import deploy_sample, figures_of, release_figures
 from opsctl.host.history import DeployVerdict, HistoryEvent, HistoryRecord
 from opsctl.inventory import CompareSettings
-from tests.gate.test_compare import side
+from tests.comparison.test_compare import side
 
 
 def record(

@@ -85,7 +85,7 @@ def test_a_slow_release_measured_on_a_busier_host_is_never_passed(
     print(f"\n[measure] slow release on a busier host: {res.verdict}: {c.get('line')}; load {result.get('load')}")
     # Whether the calibration differed beyond its bound depends on how the kernel shares this 2-core machine with
     # other work too (measured: 0.89x to 1.13x apart with these loops); the judge's tests pin the figures
-    # (tests/gate/test_compare.py). Whatever it was, a slow release is never passed.
+    # (tests/comparison/test_compare.py). Whatever it was, a slow release is never passed.
     assert res.verdict in ("FAIL", "UNPROVEN") and res.stage == "comparison", (res.line(), c.get("line"))
     assert res.rolled_back_to == good_id and res.rollback_verdict == "PASS"
     snap, _ = state(tb2)

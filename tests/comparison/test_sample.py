@@ -1,4 +1,4 @@
-"""The comparison sample (opsctl.gate.sample): round trip, and untrusted JSON refused field by field."""
+"""The comparison sample (opsctl.comparison.sample): round trip, and untrusted JSON refused field by field."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsctl.gate.sample import CompareRequest, ComparisonSample, SampleError
+from opsctl.comparison.sample import CompareRequest, ComparisonSample, SampleError
 
 
 def _request(**over: Any) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Why not ``scipy.stats.mannwhitneyu``: opsctl runs on the operator's machine and 
 at once (issue 38: <= 0.35 s for the whole process). SciPy is a ~40 MB install (with NumPy) and importing
 ``scipy.stats`` alone takes longer than that budget; the test needs a rank sum and, for the p-value, either the
 exact null distribution of U (a small table, counted once per pair of sample sizes) or the normal approximation
-(``math.erfc``). ``tests/gate/test_mannwhitney.py`` checks this module against SciPy (a test dependency only) on
+(``math.erfc``). ``tests/comparison/test_mannwhitney.py`` checks this module against SciPy (a test dependency only) on
 thousands of random samples, both methods, with and without ties.
 
 The method (``method="auto"``): the **exact** distribution when there are no ties and the product of the sizes is

@@ -1,4 +1,4 @@
-"""opsctl's one-sided Wilcoxon signed-rank test (opsctl/gate/signedrank.py) against scipy.stats.wilcoxon (a test
+"""opsctl's one-sided Wilcoxon signed-rank test (opsctl/comparison/signedrank.py) against scipy.stats.wilcoxon (a test
 dependency only): the same W+ and p on random paired samples, exact and approximate, with and without ties."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy.stats import wilcoxon
 
-from opsctl.gate.mannwhitney import Method
-from opsctl.gate.signedrank import signed_rank_greater
+from opsctl.comparison.mannwhitney import Method
+from opsctl.comparison.signedrank import signed_rank_greater
 
 SIZES = [1, 3, 8, 16, 24, 48, 60, 120]
 

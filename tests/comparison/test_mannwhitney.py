@@ -1,4 +1,4 @@
-"""opsctl's own one-sided Mann-Whitney U test (opsctl/gate/mannwhitney.py) against scipy.stats.mannwhitneyu (a test
+"""opsctl's own one-sided Mann-Whitney U test (opsctl/comparison/mannwhitney.py) against scipy.stats.mannwhitneyu (a test
 dependency only): the same U and p on thousands of random samples, both methods, with and without ties. SciPy
 judges each batch of samples of one pair of sizes in one vectorised call."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import mannwhitneyu
 
-from opsctl.gate.mannwhitney import EXACT_MAX_CELLS, Method, mann_whitney_greater, midranks, smallest_p
+from opsctl.comparison.mannwhitney import EXACT_MAX_CELLS, Method, mann_whitney_greater, midranks, smallest_p
 
 # Pairs of sizes: the comparison's own (16 vs 16, and what is left when a few requests fail), small and lopsided.
 SIZES = [(16, 16), (15, 16), (16, 12), (8, 8), (5, 5), (1, 7), (3, 20), (24, 24), (31, 32), (10, 3)]

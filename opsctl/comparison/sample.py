@@ -101,6 +101,38 @@ def _concurrency(where: str, value: Any) -> int | None:
     return int(value)
 
 
+def _check_keys(where: str, doc: Mapping[Any, Any], allowed: frozenset[str], required: tuple[str, ...] = ()) -> None:
+    unknown = sorted(str(k) for k in doc if k not in allowed)
+    if unknown:
+        raise SampleError(f"{where}: unknown key(s) {', '.join(repr(k[:40]) for k in unknown[:5])}")
+    missing = [k for k in required if k not in doc]
+    if missing:
+        raise SampleError(f"{where}: missing key(s) {', '.join(missing)}")
+
+
+def _output_ids(where: str, ids: Any) -> tuple[int, ...]:
+    if not isinstance(ids, list):
+        raise SampleError(f"{where}: must be a list of token ids")
+    if len(ids) > MAX_OUTPUT_IDS:
+        raise SampleError(f"{where}: more than {MAX_OUTPUT_IDS} token ids")
+    for i, t in enumerate(ids):
+        if not _is_int(t) or t < 0 or t > MAX_TOKEN_ID:
+            raise SampleError(f"{where}[{i}]: must be an integer in [0, {MAX_TOKEN_ID}]")
+    return tuple(ids)
+
+
+def _http_status(where: str, value: Any) -> int | None:
+    if value is not None and (not _is_int(value) or not 100 <= value <= 599):
+        raise SampleError(f"{where}: must be an HTTP status (100-599) or null")
+    return value
+
+
+def _error(where: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise SampleError(f"{where}: must be a string or null")
+    return value[:MAX_ERROR_CHARS] if value is not None else None
+
+
 @dataclass(frozen=True)
 class CompareRequest:
     """One request of the comparison workload, as the host saw it.
@@ -132,7 +164,7 @@ class CompareRequest:
     @property
     def client_error(self) -> bool:
         """Refused with a 4xx other than 408 (timeout) and 429 (busy): the request, the key or the endpoint is
-        wrong for this server (see ``opsctl.gate.traffic.classify_refusal``)."""
+        wrong for this server (the probe traffic's rule for a refusal, ``is_client_error``)."""
         return self.status is not None and 400 <= self.status < 500 and self.status not in (408, 429)
 
     def to_json(self) -> dict[str, Any]:
@@ -155,31 +187,13 @@ class CompareRequest:
     def from_json(cls, doc: Any, where: str = "request") -> CompareRequest:
         if not isinstance(doc, Mapping):
             raise SampleError(f"{where}: must be a JSON object")
-        unknown = sorted(str(k) for k in doc if k not in _REQUEST_KEYS)
-        if unknown:
-            raise SampleError(f"{where}: unknown key(s) {', '.join(repr(k[:40]) for k in unknown[:5])}")
-        missing = [k for k in _REQUIRED_REQUEST_KEYS if k not in doc]
-        if missing:
-            raise SampleError(f"{where}: missing key(s) {', '.join(missing)}")
-        ids = doc["output_ids"]
-        if not isinstance(ids, list):
-            raise SampleError(f"{where}.output_ids: must be a list of token ids")
-        if len(ids) > MAX_OUTPUT_IDS:
-            raise SampleError(f"{where}.output_ids: more than {MAX_OUTPUT_IDS} token ids")
-        for i, t in enumerate(ids):
-            if not _is_int(t) or t < 0 or t > MAX_TOKEN_ID:
-                raise SampleError(f"{where}.output_ids[{i}]: must be an integer in [0, {MAX_TOKEN_ID}]")
+        _check_keys(where, doc, _REQUEST_KEYS, _REQUIRED_REQUEST_KEYS)
+        ids = _output_ids(f"{where}.output_ids", doc["output_ids"])
         completion = _nonneg_int(f"{where}.completion_tokens", doc.get("completion_tokens"), MAX_OUTPUT_IDS)
-        status = doc.get("status")
-        if status is not None and (not _is_int(status) or not 100 <= status <= 599):
-            raise SampleError(f"{where}.status: must be an HTTP status (100-599) or null")
-        error = doc.get("error")
-        if error is not None:
-            if not isinstance(error, str):
-                raise SampleError(f"{where}.error: must be a string or null")
-            error = error[:MAX_ERROR_CHARS]
+        status = _http_status(f"{where}.status", doc.get("status"))
+        error = _error(f"{where}.error", doc.get("error"))
         return cls(
-            output_ids=tuple(ids),
+            output_ids=ids,
             decode_s_per_token=_seconds(f"{where}.decode_s_per_token", doc["decode_s_per_token"]),
             ttft_s=_seconds(f"{where}.ttft_s", doc["ttft_s"]),
             spec_accept_length=_nonneg_float(f"{where}.spec_accept_length", doc["spec_accept_length"], 1e6),
@@ -214,9 +228,7 @@ class ComparisonSample:
         """A sample from untrusted JSON (already decoded); SampleError naming the field when it is not one."""
         if not isinstance(doc, Mapping):
             raise SampleError("sample: must be a JSON object with requests[]")
-        unknown = sorted(str(k) for k in doc if k not in _SAMPLE_KEYS)
-        if unknown:
-            raise SampleError(f"sample: unknown key(s) {', '.join(repr(k[:40]) for k in unknown[:5])}")
+        _check_keys("sample", doc, _SAMPLE_KEYS)
         raw = doc.get("requests")
         if not isinstance(raw, list):
             raise SampleError("requests: must be a list")

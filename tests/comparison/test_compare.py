@@ -1,4 +1,4 @@
-"""The comparison's judge (opsctl/gate/compare.py): each rule of docs/gate.md "The comparison" on built samples,
+"""The comparison's judge (opsctl/comparison/compare.py): each rule of docs/gate.md "The comparison" on built samples,
 and a property: any two valid samples are judged without an error into JSON that carries no NaN or infinity."""
 
 from __future__ import annotations
@@ -9,17 +9,10 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsctl.gate.compare import (
-    Outcome,
-    compare,
-    confirm,
-    divergence,
-    load_differs,
-    min_pairs,
-    needs_another_sample,
-    only_speed_fails,
-)
-from opsctl.gate.sample import CompareRequest, ComparisonSample
+from opsctl.comparison.compare import compare, confirm, min_pairs, needs_another_sample, only_speed_fails
+from opsctl.comparison.decode import divergence
+from opsctl.comparison.results import Outcome, load_differs
+from opsctl.comparison.sample import CompareRequest, ComparisonSample
 from opsctl.inventory import CompareSettings
 
 # The guards and the wording, at the bound these examples were written for (the defaults: test_compare_paired.py).

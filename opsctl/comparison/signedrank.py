@@ -1,8 +1,8 @@
 """The one-sided Wilcoxon signed-rank test, in plain Python, for paired samples: the pre-restart speed check (the
 new and the running release timed on the same calls) and the comparison (the same prompt on both releases).
 
-Why not SciPy: as for :mod:`opsctl.gate.mannwhitney` (start-up time of the offline commands, a 40 MB install).
-``tests/gate/test_signedrank.py`` checks this module against ``scipy.stats.wilcoxon`` (a test dependency only).
+Why not SciPy: as for :mod:`opsctl.comparison.mannwhitney` (start-up time of the offline commands, a 40 MB install).
+``tests/comparison/test_signedrank.py`` checks this module against ``scipy.stats.wilcoxon`` (a test dependency only).
 
 Differences ``d`` (new minus old, e.g. log time ratios); zeros are dropped (SciPy's ``zero_method="wilcox"``); the
 rest are ranked by ``|d|`` with ties given their mean rank. ``W+`` is the sum of the ranks of the positive

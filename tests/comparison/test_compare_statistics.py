@@ -10,8 +10,9 @@ import math
 
 import numpy as np
 
-from opsctl.gate.compare import Outcome, compare, confirm, needs_another_sample
-from opsctl.gate.sample import CompareRequest, ComparisonSample
+from opsctl.comparison.compare import compare, confirm, needs_another_sample
+from opsctl.comparison.results import Outcome
+from opsctl.comparison.sample import CompareRequest, ComparisonSample
 from opsctl.inventory import CompareSettings
 
 DEFAULTS = CompareSettings()
