@@ -30,7 +30,6 @@ from ..gate.compare import compare
 from ..gate.decision import GateState, judge
 from ..gate.lines import ParityLine
 from ..gate.sample import ComparisonSample
-from ..gate.traffic import ProbeClient, serves_http
 from ..gate.workload import run_compare_workload
 from ..host import history as host_history
 from ..host.comparisons import deploy_sample, mean_accept_length, median_ms_per_token
@@ -40,6 +39,7 @@ from ..hostdata.layout import Layout
 from ..inventory import CompareSettings, GateSettings, HostConfig
 from ..journal.query import mark_command, parse_mark, parse_poll, poll_command
 from ..lock.hostlock import describe_owner, json_object_or_none
+from ..probe.traffic import ProbeClient, serves_http
 from ..release import Manifest
 from ..ssh.remote import Remote
 from .findings import (

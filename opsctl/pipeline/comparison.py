@@ -27,8 +27,8 @@ from typing import Any
 from ..errors import DeployFailed
 from ..gate.compare import Outcome, compare, confirm, judge_alone, min_pairs, needs_another_sample
 from ..gate.sample import ComparisonSample
-from ..gate.traffic import ProbeClient, serves_http
 from ..gate.workload import run_compare_workload
+from ..probe.traffic import ProbeClient, serves_http
 from .compareplan import skip_reason
 from .result import DeployVerdict
 from .runner import Rejected, Run, Step
