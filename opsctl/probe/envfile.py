@@ -21,6 +21,13 @@ def is_variable_name(name: str) -> bool:
     return first_ok and name.isascii() and all(c.isalnum() or c == "_" for c in name)
 
 
+def blank_run_start(start: int | None, length: int, c: str) -> int | None:
+    """Where the trailing run of whitespace starts once ``c`` is appended at index ``length`` (None: no such run)."""
+    if c not in BLANK:
+        return None
+    return length if start is None else start
+
+
 class EnvFileReader:
     """systemd's env-file parser as a state machine: one handler per state (``STATES``), each taking one character
     and returning the next state. The key and value grow in lists; ``key_ws``/``value_ws`` mark where their
@@ -56,10 +63,7 @@ class EnvFileReader:
         if c == "=":
             self.value_ws = None
             return "pre_value"
-        if c not in BLANK:
-            self.key_ws = None
-        elif self.key_ws is None:
-            self.key_ws = len(self.key)
+        self.key_ws = blank_run_start(self.key_ws, len(self.key), c)
         self.key.append(c)
         return "key"
 
@@ -78,10 +82,7 @@ class EnvFileReader:
         if c == "\\":
             self.value_ws = None
             return "value_escape"
-        if c not in BLANK:
-            self.value_ws = None
-        elif self.value_ws is None:
-            self.value_ws = len(self.value)
+        self.value_ws = blank_run_start(self.value_ws, len(self.value), c)
         self.value.append(c)
         return "value"
 
