@@ -51,7 +51,7 @@ class RequestOutcome:
 
     @property
     def cut(self) -> bool:
-        """Cut short by the gate's own deadline before ``timeout_s`` (traffic_on_host.cut_by_deadline): neither an
+        """Cut short by the gate's own deadline before ``timeout_s`` (budget.cut_by_deadline): neither an
         answer nor a failure; it says nothing about the release and is counted unsent."""
         return self.kind == "cut"
 
