@@ -1,15 +1,15 @@
-"""The capture directory on a host (``<root>/state/capture``, docs/capture.md): list, arm, disarm, prune."""
+"""The capture directory on a host (``<root>/state/capture``, docs/capture.md): list (the listing program and its
+configuration), arm, disarm, prune."""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable
-from functools import cache
-from importlib import resources
 
 from kdtree_backend.wire import CAPTURE_ID_RE
 
 from ..errors import UsageError
+from ..ssh.hostprogram import HostProgram
 
 CAPTURE_SUBDIR = "state/capture"
 REQUEST_FILE = "request.json"
@@ -27,19 +27,15 @@ def check_capture_id(capture_id: str, refusal: str | None = None) -> str:
     return capture_id
 
 
-@cache
-def listing_program_text() -> str:
-    """The listing program run on the host (:mod:`opsctl.captures.listing_on_host`), as shipped: the installed
-    module's own file. It goes on the command's stdin."""
-    return resources.files("opsctl.captures").joinpath("listing_on_host.py").read_text(encoding="utf-8")
+# The listing program run on the host (:mod:`opsctl.captures.listing_on_host`), as shipped: the installed module's
+# own file, with its configuration (``listing_config``) on stdin.
+LISTING_PROGRAM = HostProgram("opsctl.captures", ("listing_on_host.py",), "the capture listing")
 
 
-def list_command(python: str, directory: str) -> str:
-    """What is stored under ``directory``, as one JSON document; run it with :func:`listing_program_text` on its
-    stdin. The capture-id pattern and the request file's name are handed over as arguments: the program on the
-    host cannot import them."""
-    argv = [python, "-", directory, CAPTURE_ID_RE.pattern, REQUEST_FILE]
-    return shlex.join(argv)
+def listing_config(directory: str) -> dict[str, str]:
+    """What the listing program is told: the directory to list, the capture-id pattern and the request file's
+    name (the program on the host cannot import the last two)."""
+    return {"dir": directory, "id_pattern": CAPTURE_ID_RE.pattern, "request_file": REQUEST_FILE}
 
 
 def prepare_dir_command(directory: str) -> str:

@@ -235,12 +235,6 @@ def parse_listing(text: str) -> Listing:
     return Listing(now=_num(doc, "now", time.time()), directory=str(doc.get("dir") or ""), request=request, sets=sets)
 
 
-def list_command(host: HostConfig) -> str:
-    """The remote command that prints what is stored in ``host``'s capture directory (the program on its stdin:
-    :func:`opsctl.captures.capturedir.listing_program_text`)."""
-    return capturedir.list_command(host.service.python, capture_dir(host))
-
-
 def duration_text(seconds: float) -> str:
     """A span of time as an operator reads it: ``45s``, ``12m``, ``3.5h``, ``7.0d`` (negative spans are 0)."""
     seconds = max(0.0, seconds)
@@ -255,5 +249,6 @@ def duration_text(seconds: float) -> str:
 
 def read_listing(r: Remote, host: HostConfig) -> Listing:
     """What is stored on the host now (one remote command)."""
-    res = r.run(list_command(host), stdin=capturedir.listing_program_text(), timeout=120)
+    config = capturedir.listing_config(capture_dir(host))
+    res = capturedir.LISTING_PROGRAM.start(r, config, timeout=120, python=host.service.python, check=True)
     return parse_listing(res.stdout)

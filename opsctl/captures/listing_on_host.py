@@ -1,8 +1,9 @@
 """What is stored in a host's capture directory, listed on the host (docs/capture.md).
 
-opsctl ships this file's text to the host as ``python3 - DIRECTORY ID_PATTERN REQUEST_FILE`` (the text on stdin,
-:func:`opsctl.captures.capturedir.list_command`): the host needs only its own python3, not the service's venv or
-torch. The capture-id pattern and the request file's name come as arguments because this program cannot import
+opsctl ships this file's text to the host as ``python3 -``, on stdin, with its configuration ``{"dir", "id_pattern",
+"request_file"}`` written into its ``CONFIG_TEXT`` line (:data:`opsctl.captures.capturedir.LISTING_PROGRAM`,
+opsctl/ssh/hostprogram.py): the host needs only its own python3, not the service's venv or torch. The capture-id
+pattern and the request file's name come in the configuration because this program cannot import
 ``kdtree_backend.wire`` or opsctl, where they are defined. It prints one JSON document on stdout, read by
 :func:`opsctl.captures.listing.parse_listing`::
 
@@ -14,7 +15,7 @@ Only directories named by a capture id are listed (not a symlink, not anything e
 with ``.`` is a call or rank file still being written, ``*.done.json`` a rank's finish document and a directory
 a call, known by its ``manifest.json`` (a call without a readable one counts as partial too).
 
-Kept to the standard library and to the Python of older hosts (3.10, as opsctl/gate/traffic_on_host.py): no
+Kept to the standard library and to the Python of older hosts (3.10, as opsctl/probe/traffic_on_host.py): no
 third-party import, no match statement.
 """
 
@@ -27,7 +28,8 @@ import sys
 import time
 from typing import Any
 
-USAGE = "usage: python3 - DIRECTORY ID_PATTERN REQUEST_FILE"
+USAGE = 'usage: python3 - < this program with its configuration {"dir", "id_pattern", "request_file"} (JSON)'
+CONFIG_KEYS = ("dir", "id_pattern", "request_file")
 EXIT_USAGE = 2
 MANIFEST = "manifest.json"
 DONE_SUFFIX = ".done.json"
@@ -108,16 +110,23 @@ def listing(root: str, id_re: re.Pattern[str], request_file: str, now: float) ->
     return out
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 4:
+def main(config_text: str | None) -> int:
+    try:
+        cfg = json.loads(config_text or "")
+        root, pattern, request_file = (str(cfg[k]) for k in CONFIG_KEYS)
+    except (ValueError, KeyError, TypeError):
         print(USAGE, file=sys.stderr)
         return EXIT_USAGE
-    root, pattern, request_file = argv[1:]
     # The clock is read first, as the listing starts: ages are measured against the host's own time.
     now = time.time()
     print(json.dumps(listing(root, re.compile(pattern), request_file, now)))
     return 0
 
 
+# opsctl replaces this line with the configuration (JSON text, as a string literal) when it ships the program on
+# stdin (opsctl/ssh/hostprogram.py: HostProgram.payload): nothing of it in argv, where `ps` shows it.
+CONFIG_TEXT: str | None = None
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    # By hand: `python3 listing_on_host.py < config.json`.
+    sys.exit(main(CONFIG_TEXT if CONFIG_TEXT is not None else sys.stdin.read()))

@@ -1,5 +1,7 @@
 """The comparison (docs/gate.md "The comparison"): two samples of the same workload, the running release's and the
-new one's, judged request by request. Pure: no I/O, no clock.
+new one's, judged request by request. The judge is pure (no I/O, no clock); only the workload talks to a host.
+
+- ``workload``: the workload sent on the host's loopback by the probe's host program, and its answer read back;
 
 - ``sample``: one side's requests as data (``ComparisonSample``, ``CompareRequest``), read strictly from untrusted
   JSON;
@@ -10,5 +12,6 @@ new one's, judged request by request. Pure: no I/O, no clock.
 - ``signedrank`` and ``mannwhitney``: the one-sided Wilcoxon signed-rank and Mann-Whitney U tests in plain Python
   (the signed-rank test is also the pre-restart speed check's).
 
-Imports: the standard library only (no other opsctl package); the workload that takes a sample runs in ``gate``.
+Imports: ``errors``, ``inventory``, ``ssh`` and ``probe`` (the host program, its answers and the 4xx rule), for the
+workload and the sample's reader; the judge's modules the standard library and this package only.
 """

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..probe.answers import is_client_error
+
 # Bounds on what a sample may hold (a recorded sample is untrusted input to the judge).
 MAX_REQUESTS = 4096
 MAX_OUTPUT_IDS = 65_536
@@ -165,7 +167,7 @@ class CompareRequest:
     def client_error(self) -> bool:
         """Refused with a 4xx other than 408 (timeout) and 429 (busy): the request, the key or the endpoint is
         wrong for this server (the probe traffic's rule for a refusal, ``is_client_error``)."""
-        return self.status is not None and 400 <= self.status < 500 and self.status not in (408, 429)
+        return is_client_error(self.status)
 
     def to_json(self) -> dict[str, Any]:
         return {

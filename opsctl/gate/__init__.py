@@ -5,7 +5,5 @@
 - ``decision``: the gate's state and verdicts, and ``judge``: one message in, its verdict out. Every reader of
   parity lines (the deploy's gate, the pre-restart check, the capture replay, ``status``, ``logs``, ``parity
   check``) asks it;
-- ``traffic`` and ``traffic_on_host``: the probe traffic the gate sends (the plan and its results here, the
-  program run on the host there);
 - ``parity_check``: the gate's rules over a stored journal (``opsctl parity check``).
 """

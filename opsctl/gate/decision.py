@@ -40,6 +40,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from ..hostdata.facts import UnitObservation
+from ..probe.answers import FailureCause, ProbeTally, Wave
 from .lines import (
     JOURNAL_PREFIX_RE,
     MARKER,
@@ -52,7 +53,6 @@ from .lines import (
     parse_line,
     token_rest_at_start,
 )
-from .traffic import FailureCause, ProbeTally, Wave
 
 if TYPE_CHECKING:
     from ..inventory import GateSettings  # annotations only: the offline commands' --help loads no pydantic

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from ..comparison.results import Outcome
 from ..fleet.fanout import DEFAULT_WORKERS, run_on_hosts
 from ..gate.decision import GateState, LineVerdict
-from ..gate.traffic import serves_http
 from ..inventory import HostConfig
+from ..probe.traffic import serves_http
 from .findings import (
     DriftFacts,
     GpuFacts,

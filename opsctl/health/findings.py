@@ -69,7 +69,7 @@ class LockFacts:
 
 @dataclass(frozen=True)
 class ProbeFacts:
-    """``--probe``: one probe request through the service's own API (opsctl/gate/traffic.py) and the parity lines the
+    """``--probe``: one probe request through the service's own API (opsctl/probe/traffic.py) and the parity lines the
     running invocation printed after it was sent."""
 
     sent: int = 0

@@ -1,8 +1,8 @@
 """The health probe: one SSH round trip runs one command printing the host facts (opsctl.hostdata.facts),
 :data:`SEPARATOR`, then one JSON document from a small read-only program (opsctl/health/probe_on_host.py, its text
-on the stdin of the host's own python3) with what the facts do not cover: the health endpoint, the current
-release's files against its manifest, the current invocation's parity lines, the parity token file, the lock, and
-the host's clock.
+and configuration on the stdin of the host's own python3: ``PROBE_PROGRAM``, opsctl/ssh/hostprogram.py) with what
+the facts do not cover: the health endpoint, the current release's files against its manifest, the current
+invocation's parity lines, the parity token file, the lock, and the host's clock.
 
 The command and the reader of its output (``facts_from_probe`` -> opsctl.health.findings.HostFacts) sit together;
 ``ssh_probe`` is the I/O edge (with ``--probe`` also ``verify_probe``: one request through the service's API).
@@ -19,19 +19,16 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import Any
 
 from kdtree_backend.wire import MARKER
 
 from ..comparison.compare import compare
 from ..comparison.sample import ComparisonSample
+from ..comparison.workload import run_compare_workload
 from ..errors import DeployFailed, OpsError
 from ..gate.decision import GateState, judge
 from ..gate.lines import ParityLine
-from ..gate.traffic import ProbeClient, serves_http
-from ..gate.workload import run_compare_workload
 from ..host import history as host_history
 from ..host.comparisons import deploy_sample, mean_accept_length, median_ms_per_token
 from ..host.releaseroot import parse_parity_env
@@ -40,7 +37,9 @@ from ..hostdata.layout import Layout
 from ..inventory import CompareSettings, GateSettings, HostConfig
 from ..journal.query import mark_command, parse_mark, parse_poll, poll_command
 from ..lock.hostlock import describe_owner, json_object_or_none
+from ..probe.traffic import ProbeClient, serves_http
 from ..release import Manifest
+from ..ssh.hostprogram import HostProgram
 from ..ssh.remote import Remote
 from .findings import (
     DriftFacts,
@@ -62,10 +61,8 @@ SPEED_PROMPTS = 8  # `--probe`'s short comparison workload: the first prompts of
 SPEED_WARMUP = 1
 
 
-@cache
-def program_text() -> str:
-    """The host-side program (opsctl/health/probe_on_host.py), as shipped: the installed module's own file."""
-    return resources.files("opsctl.health").joinpath("probe_on_host.py").read_text(encoding="utf-8")
+# The host-side program, shipped as the installed module's own file with its configuration (probe_config) on stdin.
+PROBE_PROGRAM = HostProgram("opsctl.health", ("probe_on_host.py",), "the health probe")
 
 
 @dataclass(frozen=True)
@@ -95,7 +92,7 @@ def probe_params(host: HostConfig) -> ProbeParams:
 
 
 def probe_config(params: ProbeParams) -> dict[str, Any]:
-    """The host-side program's configuration (its argv[1], as JSON): what to look at, and the limits."""
+    """The host-side program's configuration (on its stdin, ``probe_payload``): what to look at, and the limits."""
     return {
         "unit": params.unit,
         "root": params.root,
@@ -109,15 +106,20 @@ def probe_config(params: ProbeParams) -> dict[str, Any]:
 
 
 def probe_command(params: ProbeParams, python: str = "python3") -> str:
-    """The probe; run it with :func:`program_text` on its stdin. The host's own python3 runs the program: sglang's
+    """The probe; run it with :func:`probe_payload` on its stdin. The host's own python3 runs the program: sglang's
     venv is not needed for a read-only probe. The facts read nothing from stdin (``exec </dev/null``), so the
-    program's text reaches python3 whole."""
+    program's text reaches python3 whole; the invocation the facts found is its one argument."""
     invocation = "$(printf '%s\\n' \"$F\" | sed -n 's/^unit\\.InvocationID=//p')"
     return (
         f"F=$(exec </dev/null\n{facts_command(params.root, params.unit)}\n); printf '%s\\n' \"$F\"; "
         f"echo {shlex.quote(SEPARATOR)}; "
-        f'{shlex.quote(python)} - {shlex.quote(json.dumps(probe_config(params)))} "{invocation}"'
+        f'{PROBE_PROGRAM.command(python)} "{invocation}"'
     )
+
+
+def probe_payload(params: ProbeParams) -> str:
+    """What goes on the probe's stdin: the program with its configuration (``probe_config``)."""
+    return PROBE_PROGRAM.payload(probe_config(params))
 
 
 def split_probe_output(stdout: str) -> tuple[str, dict[str, Any]]:
@@ -405,9 +407,10 @@ def ssh_probe(host: HostConfig, *, accept_new_host_key: bool = False, probe: boo
     verify = speed = None
     try:
         with connect(host, accept_new_host_key=accept_new_host_key) as r:
+            params = probe_params(host)
             res = r.run(
-                probe_command(probe_params(host)),
-                stdin=program_text(),
+                probe_command(params),
+                stdin=probe_payload(params),
                 timeout=host.health.http_timeout_s + 60,
                 check=True,
             )

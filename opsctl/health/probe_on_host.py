@@ -1,11 +1,12 @@
 """The health probe's read-only look at a host, run on the host (docs/gate.md "Health checks").
 
-opsctl ships this file's text to the host as ``python3 - CONFIG_JSON INVOCATION_ID`` (the text on stdin,
-:func:`opsctl.health.probe.probe_command`), after the host facts and the probe's separator: the host needs only its
-own python3, not the service's venv. CONFIG_JSON (argv[1]) holds ``unit``, ``root``, ``http_url`` (null in replay
-mode), ``http_timeout``, ``window`` (seconds of journal to read), ``max_lines``, ``max_hash_bytes`` and ``marker``
-(the backend's line marker: this program cannot import ``kdtree_backend.wire`` or opsctl, where it is defined).
-INVOCATION_ID (argv[2], may be empty) is the unit's current invocation, from the facts printed before.
+opsctl ships this file's text to the host as ``python3 - INVOCATION_ID``, the text on stdin with the configuration
+written into its ``CONFIG_TEXT`` line (:func:`opsctl.health.probe.probe_command`, ``probe_payload``;
+opsctl/ssh/hostprogram.py), after the host facts and the probe's separator: the host needs only its own python3,
+not the service's venv. The configuration holds ``unit``, ``root``, ``http_url`` (null in replay mode),
+``http_timeout``, ``window`` (seconds of journal to read), ``max_lines``, ``max_hash_bytes`` and ``marker`` (the
+backend's line marker: this program cannot import ``kdtree_backend.wire`` or opsctl, where it is defined).
+INVOCATION_ID (argv[1], may be empty) is the unit's current invocation, from the facts printed before.
 
 It prints one JSON document on stdout, read by :func:`opsctl.health.probe.facts_from_probe`::
 
@@ -16,7 +17,7 @@ It prints one JSON document on stdout, read by :func:`opsctl.health.probe.facts_
 (a key is absent when it does not apply: no ``http`` without an URL, no ``parity_lines`` without an invocation, no
 ``lock`` when none is held).
 
-Kept to the standard library and to the Python of older hosts (3.10, as opsctl/gate/traffic_on_host.py): no
+Kept to the standard library and to the Python of older hosts (3.10, as opsctl/probe/traffic_on_host.py): no
 third-party import, no match statement.
 """
 
@@ -196,11 +197,17 @@ def probe(cfg: dict[str, Any], invocation: str) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str]) -> int:
-    cfg = json.loads(argv[1])
-    print(json.dumps(probe(cfg, argv[2] if len(argv) > 2 else "")))
+def main(config_text: str, argv: list[str]) -> int:
+    """The configuration's JSON text and the invocation (``argv[1]``) -> the document printed, exit 0."""
+    cfg = json.loads(config_text)
+    print(json.dumps(probe(cfg, argv[1] if len(argv) > 1 else "")))
     return 0
 
 
+# opsctl replaces this line with the configuration (JSON text, as a string literal) when it ships the program on
+# stdin (opsctl/ssh/hostprogram.py: HostProgram.payload): nothing of it in argv, where `ps` shows it.
+CONFIG_TEXT: str | None = None
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    # By hand: `python3 probe_on_host.py INVOCATION_ID < config.json`.
+    sys.exit(main(CONFIG_TEXT if CONFIG_TEXT is not None else sys.stdin.read(), sys.argv))

@@ -4,10 +4,10 @@ in words for ``deploy --dry-run`` (docs/gate.md "The comparison"). Pure: data in
 from __future__ import annotations
 
 from ..comparison.compare import rules_line
-from ..gate.traffic import serves_http
-from ..gate.workload import plan_lines
+from ..comparison.workload import plan_lines
 from ..host.releaseroot import HostSnapshot
 from ..inventory import HostConfig
+from ..probe.traffic import serves_http
 
 
 def skip_reason(host: HostConfig, snap: HostSnapshot | None, *, no_restart: bool) -> str | None:

@@ -28,9 +28,9 @@ from typing import Any
 from ..comparison.compare import compare, confirm, judge_alone, min_pairs, needs_another_sample
 from ..comparison.results import Outcome
 from ..comparison.sample import ComparisonSample
+from ..comparison.workload import run_compare_workload
 from ..errors import DeployFailed
-from ..gate.traffic import ProbeClient, serves_http
-from ..gate.workload import run_compare_workload
+from ..probe.traffic import ProbeClient, serves_http
 from .compareplan import skip_reason
 from .result import DeployVerdict
 from .runner import Rejected, Run, Step

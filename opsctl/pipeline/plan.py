@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..gate.traffic import plan_lines
 from ..host.history import DeployVerdict, HistoryEvent, HistoryRecord
 from ..host.releaseroot import HostSnapshot
 from ..hostdata.layout import Layout
 from ..inventory import HostConfig
 from ..lock import hostlock
+from ..probe.traffic import plan_lines
 from ..release import Manifest
 from ..unit import unitfile
 from .compareplan import comparison_plan

@@ -1,6 +1,6 @@
 """The restart and the gate loop: restart the unit with a fresh parity token, then follow its new invocation's
 journal into the gate until it decides. With the probe (gate.probe, docs/gate.md "The probe") the loop also waits
-for the server's readiness and then sends probe waves from the host itself (opsctl/traffic.py), each followed at
+for the server's readiness and then sends probe waves from the host itself (opsctl/probe/traffic.py), each followed at
 once by a journal poll."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from collections.abc import Callable
 
 from ..errors import DeployFailed, SshError
 from ..gate.decision import GateState, LineVerdict, Traffic, judge
-from ..gate.traffic import ProbeClient, Wave, describe_tally, probing, serves_http, worth_a_wave
 from ..host import releaseroot
 from ..host.releaseroot import Layout
 from ..inventory import HostConfig
 from ..journal.follower import Follower
 from ..journal.query import Mark, mark_command, parse_mark
+from ..probe.answers import Wave, describe_tally
+from ..probe.traffic import ProbeClient, probing, serves_http, worth_a_wave
 from ..ssh.remote import Remote
 from ..ssh.session import Session
 from ..unit import systemctl

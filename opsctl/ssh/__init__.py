@@ -7,7 +7,9 @@
 - ``transfer``: the OpenSSH and rsync command lines with the same settings, rsync's stats, pure;
 - ``wrap``: the shell commands the session itself runs on the host (the ``sh -c`` wrapper, the timeout's killer);
 - ``remote``: the ``Remote`` protocol that code running host commands depends on (the tests' local shells too);
-- ``session``: one connection re-opened after a drop.
+- ``session``: one connection re-opened after a drop;
+- ``hostprogram``: ``HostProgram``, the one way opsctl runs a program of its own on a host (the probe traffic, the
+  health probe, the capture listing): its text and its configuration on stdin, nothing in argv.
 
     from opsctl.ssh import connect
 """

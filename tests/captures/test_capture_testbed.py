@@ -15,8 +15,8 @@ from opsctl.release import make_manifest
 from opsctl.ssh import connect
 from opsctl.testbed import reset_host
 from tests.cli.test_first_hour_cli import opsctl
-from tests.gate.host_traffic import traffic
 from tests.pipeline import trees
+from tests.probe.host_traffic import traffic
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "tb1"

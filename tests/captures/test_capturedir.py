@@ -44,14 +44,22 @@ def test_list_command_runs_the_listing_program_from_stdin(tmp_path: Path) -> Non
     d = tmp_path / "capture"
     (d / CID).mkdir(parents=True)
     (d / "not-a-capture").mkdir()
-    doc = json.loads(sh(hc.list_command(sys.executable, str(d)), stdin=hc.listing_program_text()).stdout)
+    program = hc.LISTING_PROGRAM
+    doc = json.loads(sh(program.command(sys.executable), stdin=program.payload(hc.listing_config(str(d)))).stdout)
     assert doc["dir"] == str(d) and [c["id"] for c in doc["captures"]] == [CID]
-    argv = shlex.split(hc.list_command("/opt/py thon", HOSTILE))
-    assert argv == ["/opt/py thon", "-", HOSTILE, CAPTURE_ID_RE.pattern, hc.REQUEST_FILE]
+    argv = shlex.split(program.command("/opt/py thon"))
+    assert argv == ["/opt/py thon", "-"]  # the directory, the pattern and the file's name travel on stdin
+    assert hc.listing_config(HOSTILE) == {
+        "dir": HOSTILE,
+        "id_pattern": CAPTURE_ID_RE.pattern,
+        "request_file": hc.REQUEST_FILE,
+    }
+    hostile = json.loads(sh(program.command(sys.executable), stdin=program.payload(hc.listing_config(HOSTILE))).stdout)
+    assert hostile["dir"] == HOSTILE
 
 
 def test_the_program_shipped_is_the_module() -> None:
-    assert hc.listing_program_text() == Path(on_host.__file__).read_text(encoding="utf-8")
+    assert hc.LISTING_PROGRAM.text() == Path(on_host.__file__).read_text(encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------- listing_on_host
@@ -119,10 +127,10 @@ def test_listing_takes_only_real_capture_directories(tmp_path: Path) -> None:
 
 
 def test_main_prints_one_document_and_refuses_a_wrong_call(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert on_host.main(["-", str(tmp_path), CAPTURE_ID_RE.pattern, hc.REQUEST_FILE]) == 0
+    assert on_host.main(json.dumps(hc.listing_config(str(tmp_path)))) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and json.loads(out)["dir"] == str(tmp_path)
-    assert on_host.main(["-", str(tmp_path)]) == on_host.EXIT_USAGE
+    assert on_host.main(json.dumps({"dir": str(tmp_path)})) == on_host.EXIT_USAGE
     assert "usage:" in capsys.readouterr().err
 
 

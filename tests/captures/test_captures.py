@@ -23,7 +23,6 @@ from opsctl.captures.listing import (
     RankDone,
     RequestState,
     capture_dir,
-    list_command,
     parse_listing,
 )
 from opsctl.errors import UsageError
@@ -120,9 +119,13 @@ def stored_capture(directory: Path, capture_id: str, *, steps: int = 1, tp: int 
 
 
 def run_listing(directory: Path) -> Listing:
-    command = capturedir.list_command("python3", str(directory))
+    program = capturedir.LISTING_PROGRAM
     res = subprocess.run(
-        ["sh", "-c", command], input=capturedir.listing_program_text(), capture_output=True, text=True, check=True
+        ["sh", "-c", program.command("python3")],
+        input=program.payload(capturedir.listing_config(str(directory))),
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return parse_listing(res.stdout)
 
@@ -233,8 +236,10 @@ def test_prune_command_quotes_paths_and_refuses_what_is_not_a_capture() -> None:
 
 
 def test_list_command_quotes_the_directory() -> None:
-    argv = shlex.split(list_command(host(root="/srv/a b;rm -rf /")))
-    assert argv[:3] == ["/usr/bin/python3", "-", "/srv/a b;rm -rf //state/capture"]
+    h = host(root="/srv/a b;rm -rf /")
+    argv = shlex.split(capturedir.LISTING_PROGRAM.command(h.service.python))
+    assert argv == ["/usr/bin/python3", "-"]  # the directory travels on stdin, in the configuration
+    assert capturedir.listing_config(capture_dir(h))["dir"] == "/srv/a b;rm -rf //state/capture"
 
 
 # ---------------------------------------------------------------------------------------------- replay

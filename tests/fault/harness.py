@@ -20,11 +20,12 @@ from typing import Any
 
 from opsctl import pipeline
 from opsctl.fleet.rollout import HostOutcome, LineReporter, outcome_from_result
-from opsctl.gate.traffic import ProbeClient, Wave
 from opsctl.host import history as host_history
 from opsctl.host import releaseroot
 from opsctl.host.history import DeployVerdict, HistoryEvent
 from opsctl.inventory import HostConfig
+from opsctl.probe.answers import Wave
+from opsctl.probe.traffic import ProbeClient
 from opsctl.release import BUNDLE_DIRS
 from opsctl.ssh import connect
 from opsctl.testbed import Testbed

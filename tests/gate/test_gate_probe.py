@@ -10,11 +10,11 @@ from opsctl.errors import EXIT_UNPROVEN, GateFailed
 from opsctl.fleet.rollout import HostOutcome, Outcome, outcome_from_result, plan_rollout, run_rollout
 from opsctl.gate.decision import NO_TRAFFIC_REASON, GateState, Traffic, Verdict
 from opsctl.gate.lines import ParityLine
-from opsctl.gate.traffic import RequestOutcome, Wave
 from opsctl.host.history import HistoryEvent, parse_history
 from opsctl.hostdata.facts import UnitObservation
 from opsctl.inventory import GateSettings, HostConfig
 from opsctl.pipeline.result import DeployResult, DeployVerdict, describe_restart_times, last_restart_times
+from opsctl.probe.answers import RequestOutcome, Wave
 from tests import builders
 
 S = GateSettings(pass_rel=0.01, fail_rel=0.05, consecutive_passes=3, deadline_s=60, max_restarts=1, ssh_retries=2)

@@ -4,7 +4,6 @@ unit's invocation."""
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -23,7 +22,9 @@ def params(root: str, http_url: str | None = None) -> hp.ProbeParams:
 def test_probe_text_carries_the_facts_and_quoted_parameters() -> None:
     cmd = hp.probe_command(params(HOSTILE, "http://127.0.0.1:30000/health"))
     assert cmd.startswith(f"F=$(exec </dev/null\n{facts_command(HOSTILE, 'u')}")
-    doc = json.loads(shlex.split(cmd.rsplit("python3 - ", 1)[1])[0])
+    assert HOSTILE not in cmd.rsplit("python3 - ", 1)[1]  # the configuration travels on stdin, never in argv
+    payload = hp.probe_payload(params(HOSTILE, "http://127.0.0.1:30000/health"))
+    doc = json.loads(json.loads(payload.split("CONFIG_TEXT: str | None = ", 1)[1].split("\n", 1)[0]))
     assert doc["root"] == HOSTILE and doc["unit"] == "u" and doc["window"] == 600
     assert doc["marker"] == MARKER and doc["max_lines"] == hp.MAX_PARITY_LINES
     assert doc["http_url"] == "http://127.0.0.1:30000/health"
@@ -35,7 +36,8 @@ def test_health_url_keeps_the_path_a_path() -> None:
 
 
 def test_probe_runs_locally_and_splits(tmp_path: Path) -> None:
-    out = sh(hp.probe_command(params(str(tmp_path)), python=sys.executable), stdin=hp.program_text()).stdout
+    p = params(str(tmp_path))
+    out = sh(hp.probe_command(p, python=sys.executable), stdin=hp.probe_payload(p)).stdout
     facts_text, doc = hp.split_probe_output(out)
     assert parse_facts(facts_text).disk_path == str(tmp_path)
     assert "host_time" in doc and "release_error" in doc and "parity_lines" not in doc  # no unit: no invocation

@@ -19,7 +19,7 @@ from opsctl.health.probe import (
     pid_alive,
     probe_command,
     probe_params,
-    program_text,
+    probe_payload,
     read_probe,
 )
 from opsctl.release import FileEntry, Manifest, release_id
@@ -46,10 +46,17 @@ def make_release(root: Path) -> Path:
 
 
 def probe_locally(h, path: str | None = None):  # type: ignore[no-untyped-def]
-    cmd = probe_command(probe_params(h), python=sys.executable)
+    params = probe_params(h)
+    cmd = probe_command(params, python=sys.executable)
     env = {**os.environ, "PATH": path} if path is not None else None
     out = subprocess.run(
-        ["/bin/sh", "-c", cmd], input=program_text(), capture_output=True, text=True, timeout=60, check=True, env=env
+        ["/bin/sh", "-c", cmd],
+        input=probe_payload(params),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env,
     ).stdout
     return read_probe(out)
 

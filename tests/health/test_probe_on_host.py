@@ -12,11 +12,11 @@ import pytest
 from kdtree_backend.wire import MARKER
 
 from opsctl.health import probe_on_host as host
-from opsctl.health.probe import program_text
+from opsctl.health.probe import PROBE_PROGRAM
 
 
 def test_the_shipped_text_is_this_module() -> None:
-    assert program_text() == Path(host.__file__).read_text(encoding="utf-8")
+    assert PROBE_PROGRAM.text() == Path(host.__file__).read_text(encoding="utf-8")
 
 
 def journal(*entries: object) -> str:
@@ -121,7 +121,7 @@ def test_main_prints_one_document_in_the_probes_order(
         "max_hash_bytes": 1000,
         "marker": MARKER,
     }
-    assert host.main(["-", json.dumps(cfg), "inv"]) == 0
+    assert host.main(json.dumps(cfg), ["-", "inv"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert list(doc) == ["host_time", "release", "hashes", "manifest_error", "journal_error", "parity_env"]
     assert doc["journal_error"] == "journalctl: not found" and doc["parity_env"] == "KDTREE_PARITY_TOKEN=t\n"

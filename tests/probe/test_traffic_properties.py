@@ -1,5 +1,5 @@
 """Property tests of the probe's readers of untrusted text: what the server streams back (the host program's
-StreamReader, error_text, json_answer) and what the program prints (opsctl.gate.traffic.parse_wave / parse_ready). They
+StreamReader, error_text, json_answer) and what the program prints (opsctl.probe.answers.parse_wave / parse_ready). They
 never raise anything but the documented ValueError, and an answer counts as answered only when it is shaped like
 SGLang's. Bounded example counts: tests/conftest.py's profile."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opsctl.gate import traffic_on_host as traffic
-from opsctl.gate.traffic import parse_ready, parse_wave
+from opsctl.probe import envfile, readings, stream
+from opsctl.probe.answers import parse_ready, parse_wave
 
 ENDPOINTS = st.sampled_from(["/generate", "/v1/completions"])
 JSON_VALUES = st.recursive(
@@ -38,7 +38,7 @@ def stream_lines() -> st.SearchStrategy[list[str]]:
 
 @given(ENDPOINTS, stream_lines())
 def test_any_stream_ends_in_a_known_kind_and_ok_needs_a_chunk_and_done(endpoint: str, lines: list[str]) -> None:
-    reader = traffic.StreamReader(endpoint)
+    reader = stream.StreamReader(endpoint)
     for line in lines:
         reader.feed(line + "\n")
     kind, error = reader.outcome()
@@ -52,7 +52,7 @@ def test_any_stream_ends_in_a_known_kind_and_ok_needs_a_chunk_and_done(endpoint:
 
 @given(st.lists(st.just(GOOD_CHUNK), min_size=1, max_size=5))
 def test_a_well_formed_generate_stream_is_answered(chunks: list[dict[str, object]]) -> None:
-    reader = traffic.StreamReader("/generate")
+    reader = stream.StreamReader("/generate")
     for c in chunks:
         reader.feed("data: " + json.dumps(c) + "\n")
         reader.feed("\n")
@@ -62,8 +62,8 @@ def test_a_well_formed_generate_stream_is_answered(chunks: list[dict[str, object
 
 @given(ENDPOINTS, st.binary(max_size=300))
 def test_any_error_body_or_plain_answer_is_read_without_raising(endpoint: str, body: bytes) -> None:
-    assert len(traffic.error_text(body)) <= traffic.ERROR_TEXT_MAX
-    kind, error, _tokens = traffic.json_answer(endpoint, body)
+    assert len(stream.error_text(body)) <= stream.ERROR_TEXT_MAX
+    kind, error, _tokens = stream.json_answer(endpoint, body)
     assert kind in ("ok", "malformed", "error") and (kind == "ok") == (error is None)
 
 
@@ -110,7 +110,7 @@ def reference_env(text: str) -> dict[str, str]:
 def test_environment_files_split_at_newline_and_cr_only(text: str) -> None:
     """Safety: no assignment starts after U+0085, U+2028 or a form feed (str.splitlines() would split there);
     on text without quotes or backslashes the reading is the line-based reference's."""
-    assert traffic.parse_environment_file(text) == reference_env(text)
+    assert envfile.parse_environment_file(text) == reference_env(text)
 
 
 @given(st.text(max_size=40).filter(lambda k: "'" not in k))
@@ -120,12 +120,12 @@ def test_a_key_is_sent_only_when_header_safe_and_a_refusal_never_shows_it(key: s
     with tempfile.TemporaryDirectory() as d:
         env = Path(d) / "k.env"
         env.write_text(f"SECRET_KEY='{key}'\n", encoding="utf-8")
-        value, why = traffic.read_env_value(str(env), "SECRET_KEY")
+        value, why = envfile.read_env_value(str(env), "SECRET_KEY")
         if value is not None:
-            assert value == key and not traffic.header_problem(value)
+            assert value == key and not envfile.header_problem(value)
             value.encode("latin-1")  # what http.client does with a header value
         elif key:
-            assert why is not None and traffic.header_problem(key)
+            assert why is not None and envfile.header_problem(key)
             shown = why.replace(str(env), "")
             assert all(0x20 <= ord(c) <= 0x7E for c in shown)
             assert len(key) < 8 or key not in shown
@@ -133,11 +133,11 @@ def test_a_key_is_sent_only_when_header_safe_and_a_refusal_never_shows_it(key: s
 
 @given(st.text(max_size=300))
 def test_metric_value_is_a_finite_non_negative_sum_or_none(text: str) -> None:
-    value = traffic.metric_value(text)
+    value = readings.metric_value(text)
     assert value is None or (value >= 0 and value != float("inf"))
 
 
 @given(st.lists(st.integers(0, 9), max_size=6), JSON_VALUES)
 def test_merged_ids_only_grow_and_stay_integers(so_far: list[int], chunk: object) -> None:
-    merged = traffic.merged_ids(so_far, chunk)
+    merged = stream.merged_ids(so_far, chunk)
     assert merged[: len(so_far)] == so_far and all(type(t) is int for t in merged)

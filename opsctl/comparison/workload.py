@@ -1,6 +1,6 @@
 """The comparison workload from the operator's side (docs/gate.md "The comparison workload"): the same greedy
-requests (``gate.compare``) sent on the host's loopback by the gate's host program (opsctl/gate/traffic_on_host.py,
-mode ``compare``), before and after the restart; its answer read into a ``ComparisonSample`` for the judge.
+requests (``gate.compare``) sent on the host's loopback by the probe's host program (opsctl/probe/traffic.py:
+``TRAFFIC_PROGRAM``, mode ``compare``), before and after the restart; its answer read into a ``ComparisonSample`` for the judge.
 
 ``compare_config`` and ``parse_compare`` are pure; ``run_compare_workload`` is the I/O edge (one remote command).
 The workload travels on stdin with the program, never in argv.
@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..comparison.sample import ComparisonSample, SampleError
-from ..errors import DeployFailed
 from ..inventory import CompareSettings, HostConfig
+from ..probe.answers import document
+from ..probe.traffic import COMMAND_SLACK_S, TRAFFIC_PROGRAM, service_config
 from ..ssh.remote import Remote
-from .traffic import COMMAND_SLACK_S, base_config, command, document, payload
+from .sample import ComparisonSample
 
 RID_PREFIX = "opsctl-compare"
 ENDPOINT = "/generate"  # the native API: it answers with token ids (output_ids) and meta_info
@@ -63,7 +63,7 @@ def compare_config(
     ``gate.compare`` unless given, e.g. a shorter one for ``health --probe``)."""
     c = settings or host.gate.compare
     return {
-        **base_config(host),
+        **service_config(host),
         "mode": "compare",
         "endpoint": ENDPOINT,
         "prompts": list(c.prompts),
@@ -124,17 +124,14 @@ def run_workload(
     """Run the workload once on ``host`` through ``remote`` -> what it saw. DeployFailed when the program could
     not run or its answer is unreadable (the requests' own failures are data, in the sample)."""
     c = settings or host.gate.compare
-    config = compare_config(host, c, rid_prefix, finish_within_s)
-    res = remote.run(command(), stdin=payload(config), timeout=workload_timeout_s(c, finish_within_s), check=False)
-    if res.rc not in (0, 2):
-        raise DeployFailed(
-            f"{host.name}: the comparison workload failed on the host (exit {res.rc}): "
-            f"{(res.stderr.strip() or res.stdout.strip())[-300:] or 'no output'}"
-        )
-    try:
-        return parse_compare(res.stdout)
-    except (ValueError, SampleError) as e:
-        raise DeployFailed(f"{host.name}: the comparison workload's answer is unreadable: {e}") from e
+    return TRAFFIC_PROGRAM.run(
+        remote,
+        compare_config(host, c, rid_prefix, finish_within_s),
+        timeout=workload_timeout_s(c, finish_within_s),
+        where=host.name,
+        what="the comparison workload",
+        read=parse_compare,
+    )
 
 
 def run_compare_workload(

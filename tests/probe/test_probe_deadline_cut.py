@@ -11,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsctl.gate import traffic_on_host as host
 from opsctl.gate.decision import GateState, Traffic, Verdict
-from opsctl.gate.traffic import ProbeTally, RequestOutcome, Wave, describe_tally, worth_a_wave
 from opsctl.inventory import GateSettings
+from opsctl.probe import budget, traffic_on_host
+from opsctl.probe.answers import ProbeTally, RequestOutcome, Wave, describe_tally
+from opsctl.probe.traffic import worth_a_wave
 from tests import builders
-from tests.gate.test_traffic import Server, cfg
+from tests.probe.test_traffic import Server, cfg
 
 S = GateSettings(pass_rel=0.01, fail_rel=0.05, consecutive_passes=3, deadline_s=6, max_restarts=1, ssh_retries=2)
 
@@ -33,15 +34,15 @@ def srv() -> Iterator[Server]:
 
 
 def test_a_request_is_not_started_with_less_than_the_minimum_left() -> None:
-    assert host.request_time_s(30.0, 0.0) is None
-    assert host.request_time_s(30.0, 0.1) is None  # the testbed's "no complete answer within 0s"
-    assert host.request_time_s(30.0, host.MIN_REQUEST_S - 0.01) is None
-    assert host.request_time_s(30.0, host.MIN_REQUEST_S) == host.MIN_REQUEST_S
-    assert host.request_time_s(30.0, 4.5) == 4.5
-    assert host.request_time_s(30.0, 100.0) == 30.0
-    assert host.request_time_s(30.0, None) == 30.0
+    assert budget.request_time_s(30.0, 0.0) is None
+    assert budget.request_time_s(30.0, 0.1) is None  # the testbed's "no complete answer within 0s"
+    assert budget.request_time_s(30.0, budget.MIN_REQUEST_S - 0.01) is None
+    assert budget.request_time_s(30.0, budget.MIN_REQUEST_S) == budget.MIN_REQUEST_S
+    assert budget.request_time_s(30.0, 4.5) == 4.5
+    assert budget.request_time_s(30.0, 100.0) == 30.0
+    assert budget.request_time_s(30.0, None) == 30.0
     # A timeout_s below the minimum: the request starts whenever its whole timeout_s fits.
-    assert host.request_time_s(0.5, 0.5) == 0.5 and host.request_time_s(0.5, 0.4) is None
+    assert budget.request_time_s(0.5, 0.5) == 0.5 and budget.request_time_s(0.5, 0.4) is None
 
 
 @settings(max_examples=300, deadline=None)
@@ -50,19 +51,19 @@ def test_a_request_is_not_started_with_less_than_the_minimum_left() -> None:
     left_s=st.floats(min_value=-10, max_value=7200, allow_nan=False),
 )
 def test_a_started_request_never_runs_past_the_deadline_nor_starts_too_short(timeout_s: float, left_s: float) -> None:
-    allowed = host.request_time_s(timeout_s, left_s)
+    allowed = budget.request_time_s(timeout_s, left_s)
     if allowed is None:
-        assert left_s < min(timeout_s, host.MIN_REQUEST_S)
+        assert left_s < min(timeout_s, budget.MIN_REQUEST_S)
     else:
         assert allowed <= left_s and allowed <= timeout_s  # item 8: never past the deadline
-        assert allowed >= min(timeout_s, host.MIN_REQUEST_S)
+        assert allowed >= min(timeout_s, budget.MIN_REQUEST_S)
 
 
 def test_only_a_timeout_set_by_the_deadline_is_cut() -> None:
-    assert host.cut_by_deadline("timeout", 2.0, 30.0)
-    assert not host.cut_by_deadline("timeout", 30.0, 30.0)  # its own timeout_s ran out: the release was slow
+    assert budget.cut_by_deadline("timeout", 2.0, 30.0)
+    assert not budget.cut_by_deadline("timeout", 30.0, 30.0)  # its own timeout_s ran out: the release was slow
     for kind in ("http", "connection", "malformed", "error", "ok"):
-        assert not host.cut_by_deadline(kind, 2.0, 30.0)  # an answer that came (or broke) before the deadline
+        assert not budget.cut_by_deadline(kind, 2.0, 30.0)  # an answer that came (or broke) before the deadline
 
 
 def test_a_cut_request_is_counted_unsent_never_failed() -> None:
@@ -121,7 +122,7 @@ def test_the_gate_sends_no_wave_with_less_than_the_minimum_left() -> None:
         "h1", gpu_arch=None, service={"mode": "sglang", "port": 1, "tp": 1}, gate={"probe": {"timeout_s": 30}}
     )
     assert not worth_a_wave(h, 0.05) and not worth_a_wave(h, -1.0)
-    assert worth_a_wave(h, host.MIN_REQUEST_S) and worth_a_wave(h, 5.0)
+    assert worth_a_wave(h, budget.MIN_REQUEST_S) and worth_a_wave(h, 5.0)
 
 
 # ------------------------------------------------------------------------------------------------ the host program
@@ -130,7 +131,7 @@ def test_the_gate_sends_no_wave_with_less_than_the_minimum_left() -> None:
 def test_a_request_the_deadline_cuts_is_cut_and_the_rest_unsent(srv: Server) -> None:
     srv.mode = "slow"  # 1.5 s per answer
     t = time.monotonic()
-    out = host.run(cfg(srv, requests=4, concurrency=1, timeout_s=3600, finish_within_s=1.3))
+    out = traffic_on_host.run(cfg(srv, requests=4, concurrency=1, timeout_s=3600, finish_within_s=1.3))
     assert time.monotonic() - t < 2.5  # never past the deadline (plus the program's own start)
     assert [r["kind"] for r in out["requests"]] == ["cut"] and out["unsent"] == 3
     assert out["requests"][0]["ok"] is False
@@ -138,12 +139,14 @@ def test_a_request_the_deadline_cuts_is_cut_and_the_rest_unsent(srv: Server) -> 
 
 def test_no_request_is_started_with_too_little_left(srv: Server) -> None:
     t = time.monotonic()
-    out = host.run(cfg(srv, requests=4, concurrency=2, timeout_s=3600, finish_within_s=host.MIN_REQUEST_S / 2))
+    out = traffic_on_host.run(
+        cfg(srv, requests=4, concurrency=2, timeout_s=3600, finish_within_s=budget.MIN_REQUEST_S / 2)
+    )
     assert out["requests"] == [] and out["unsent"] == 4
-    assert time.monotonic() - t < host.MIN_REQUEST_S
+    assert time.monotonic() - t < budget.MIN_REQUEST_S
 
 
 def test_a_request_that_outlives_its_own_timeout_still_times_out(srv: Server) -> None:
     srv.mode = "slow"
-    out = host.run(cfg(srv, requests=1, concurrency=1, timeout_s=0.5, finish_within_s=60))
+    out = traffic_on_host.run(cfg(srv, requests=1, concurrency=1, timeout_s=0.5, finish_within_s=60))
     assert [r["kind"] for r in out["requests"]] == ["timeout"]

@@ -8,8 +8,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from opsctl.gate.traffic import ProbeClient
 from opsctl.inventory import HostConfig
+from opsctl.probe.traffic import ProbeClient
 from opsctl.ssh import connect
 
 

@@ -1,4 +1,4 @@
-"""The gate's host program (opsctl/gate/traffic_on_host.py), issue 36 items 7-9 and issue 37's workload, against
+"""The probe's host program (opsctl/probe/traffic_on_host.py), issue 36 items 7-9 and issue 37's workload, against
 the SGLang-shaped server of test_traffic.py in this process: the configuration on stdin (a 140 KB prompt), the
 wave's budget (never past the deadline, back to the gate between requests), the API key read as systemd reads the
 environment file and never echoed, and the comparison workload's per-request record."""
@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from opsctl.comparison.sample import ComparisonSample
-from opsctl.gate import traffic_on_host as traffic
-from opsctl.gate.traffic import ProbeClient
-from opsctl.gate.workload import compare_config, parse_compare, run_compare_workload, run_workload
+from opsctl.comparison.workload import compare_config, parse_compare, run_compare_workload, run_workload
 from opsctl.inventory import HostConfig
+from opsctl.probe import envfile, modes, readings, stream, traffic_on_host
+from opsctl.probe.traffic import ProbeClient
 from tests import builders
-from tests.gate.test_traffic import KEY, Server, cfg
 from tests.pipeline.localremote import LocalRemote
+from tests.probe.test_traffic import KEY, Server, cfg
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def test_no_request_starts_after_start_within_s(srv: Server) -> None:
     """256 requests at concurrency 1 were one wave of up to 256 x timeout_s with no journal poll in between."""
     srv.mode = "slow"  # 1.5 s per answer
     t = time.monotonic()
-    out = traffic.run(cfg(srv, requests=256, concurrency=1, timeout_s=3600, start_within_s=0.2))
+    out = traffic_on_host.run(cfg(srv, requests=256, concurrency=1, timeout_s=3600, start_within_s=0.2))
     assert len(out["requests"]) == 1 and out["unsent"] == 255 and out["requests"][0]["ok"]
     assert time.monotonic() - t < 5
 
@@ -72,7 +72,7 @@ def test_no_request_starts_after_start_within_s(srv: Server) -> None:
 def test_no_request_runs_past_finish_within_s(srv: Server) -> None:
     srv.mode = "slow"
     t = time.monotonic()
-    out = traffic.run(cfg(srv, requests=4, concurrency=1, timeout_s=3600, finish_within_s=1.2))
+    out = traffic_on_host.run(cfg(srv, requests=4, concurrency=1, timeout_s=3600, finish_within_s=1.2))
     assert time.monotonic() - t < 2.3
     assert [r["kind"] for r in out["requests"]] == ["cut"] and out["unsent"] == 3
     assert out["requests"][0]["error"] == "cut short by the gate's deadline after 1.2s (timeout_s 3600)"
@@ -98,7 +98,7 @@ def test_the_key_is_read_as_systemd_splits_lines_not_at_nel(srv: Server, tmp_pat
     """str.splitlines() split at U+0085: `OTHER=x\\x85SGLANG_API_KEY=injected` sent `injected`."""
     env = tmp_path / "sglang.env"
     env.write_text("OTHER=x\x85SGLANG_API_KEY=injected\n", encoding="utf-8")
-    out = traffic.run(cfg(srv, requests=1, env_file=str(env)))
+    out = traffic_on_host.run(cfg(srv, requests=1, env_file=str(env)))
     assert out["auth"] is False and srv.auth[-1] is None
 
 
@@ -108,7 +108,7 @@ def test_a_key_that_cannot_go_in_a_header_is_refused_and_never_echoed(srv: Serve
     env = tmp_path / "sglang.env"
     env.write_text(f"SGLANG_API_KEY={bad}\n", encoding="utf-8")
     srv.api_key = "whatever"
-    out = traffic.run(cfg(srv, requests=1, env_file=str(env)))
+    out = traffic_on_host.run(cfg(srv, requests=1, env_file=str(env)))
     text = json.dumps(out, ensure_ascii=False)
     assert out["auth"] is False and "cannot be sent in an HTTP header" in out["auth_error"]
     assert out["requests"][0]["status"] == 401 and srv.auth[-1] is None
@@ -138,15 +138,15 @@ def test_a_key_that_cannot_go_in_a_header_is_refused_and_never_echoed(srv: Serve
     ],
 )
 def test_environment_file_syntax_as_systemd_reads_it(text: str, expected: str | None) -> None:
-    assert traffic.parse_environment_file(text).get("K") == expected
+    assert envfile.parse_environment_file(text).get("K") == expected
 
 
 def test_unreadable_and_non_utf8_files_are_named_without_content(tmp_path: Path) -> None:
     env = tmp_path / "k.env"
     env.write_bytes(b"K=\xff\xfesecret\n")
-    value, why = traffic.read_env_value(str(env), "K")
+    value, why = envfile.read_env_value(str(env), "K")
     assert value is None and why is not None and "not UTF-8" in why and "secret" not in why
-    assert traffic.read_env_value(str(tmp_path), "K")[1] is not None  # a directory: cannot read
+    assert envfile.read_env_value(str(tmp_path), "K")[1] is not None  # a directory: cannot read
 
 
 # ------------------------------------------------------------------------------------------------ issue 37: workload
@@ -206,21 +206,21 @@ def test_failed_requests_are_recorded_with_status_and_error(srv: Server) -> None
 def test_ttft_and_decode_time_count_from_the_first_chunk_carrying_tokens() -> None:
     rec = {"ok": True, "output_ids": [1, 2, 3, 4, 5], "meta": {}, "ttft_s": 0.1, "first_token_s": 0.5,
            "first_tokens": 1, "last_s": 1.3, "status": 200, "error": None}  # fmt: skip
-    out = traffic.compare_record(rec, None)
+    out = modes.compare_record(rec, None)
     assert out["decode_s_per_token"] == pytest.approx(0.2) and out["ttft_s"] == 0.5 and out["completion_tokens"] == 5
 
 
 def test_ids_streamed_cumulatively_or_in_pieces_are_merged() -> None:
-    assert traffic.merged_ids([1, 2], [1, 2, 3]) == [1, 2, 3]  # SGLang's default: cumulative
-    assert traffic.merged_ids([1, 2], [3, 4]) == [1, 2, 3, 4]  # --stream-output: pieces
-    assert traffic.merged_ids([1], [True]) == [1] and traffic.merged_ids([1], "x") == [1]
+    assert stream.merged_ids([1, 2], [1, 2, 3]) == [1, 2, 3]  # SGLang's default: cumulative
+    assert stream.merged_ids([1, 2], [3, 4]) == [1, 2, 3, 4]  # --stream-output: pieces
+    assert stream.merged_ids([1], [True]) == [1] and stream.merged_ids([1], "x") == [1]
 
 
 def test_metric_value_sums_label_sets_and_ignores_lookalikes() -> None:
     text = 'sglang:num_running_reqs 2\nsglang:num_running_reqs_total 9\nsglang:num_running_reqs{a="b"} 1.5\n'
-    assert traffic.metric_value(text) == 3.5
-    assert traffic.metric_value("other 1\n") is None
-    assert traffic.metric_value("sglang:num_running_reqs NaN\n") is None
+    assert readings.metric_value(text) == 3.5
+    assert readings.metric_value("other 1\n") is None
+    assert readings.metric_value("sglang:num_running_reqs NaN\n") is None
 
 
 def test_the_workload_travels_on_stdin_with_its_settings(srv: Server) -> None:
@@ -244,6 +244,6 @@ def test_a_concurrency_list_that_is_not_levels_is_refused_on_the_host(levels: li
     cfg = {"mode": "compare", "host": "127.0.0.1", "port": 1, "endpoint": "/generate", "rid_prefix": "x",
            "max_new_tokens": 4, "timeout_s": 1, "prompts": ["a"], "concurrency": levels}  # fmt: skip
     with pytest.raises(ValueError, match="concurrency must be a number or a list of positive integers"):
-        traffic.check_config(cfg)
-    assert traffic.levels(traffic.check_config({**cfg, "concurrency": [1, 8]})) == [1, 8]
-    assert traffic.levels(traffic.check_config({**cfg, "concurrency": 4})) == [4]
+        traffic_on_host.check_config(cfg)
+    assert modes.levels(traffic_on_host.check_config({**cfg, "concurrency": [1, 8]})) == [1, 8]
+    assert modes.levels(traffic_on_host.check_config({**cfg, "concurrency": 4})) == [4]

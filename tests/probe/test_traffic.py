@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from opsctl.gate import traffic_on_host as traffic
-from opsctl.gate.traffic import ProbeClient, command, parse_wave, payload, plan_lines, wave_config
 from opsctl.inventory import GateSettings, HostConfig, ProbeSettings, ServiceSettings
+from opsctl.probe import envfile, stream, traffic_on_host
+from opsctl.probe.answers import parse_wave
+from opsctl.probe.traffic import TRAFFIC_PROGRAM, ProbeClient, plan_lines, wave_config
 from tests import builders
 from tests.pipeline.localremote import LocalRemote
 
@@ -125,7 +126,7 @@ def cfg(server: Server, **kw: Any) -> dict[str, Any]:
 
 
 def test_generate_requests_are_greedy_streaming_numbered_and_cycle_the_prompts(server: Server) -> None:
-    out = traffic.run(cfg(server))
+    out = traffic_on_host.run(cfg(server))
     assert [r["rid"] for r in out["requests"]] == ["opsctl-probe-abc-7", "opsctl-probe-abc-8", "opsctl-probe-abc-9"]
     assert all(r["ok"] and r["kind"] == "ok" and r["tokens"] == 4 for r in out["requests"])
     assert all(0 < r["ttft_s"] <= r["latency_s"] for r in out["requests"])
@@ -136,9 +137,9 @@ def test_generate_requests_are_greedy_streaming_numbered_and_cycle_the_prompts(s
 
 
 def test_token_ids_and_the_completions_endpoint(server: Server) -> None:
-    out = traffic.run(cfg(server, input_ids=[[1, 2, 3]], requests=1))
+    out = traffic_on_host.run(cfg(server, input_ids=[[1, 2, 3]], requests=1))
     assert out["requests"][0]["ok"] and server.bodies[-1]["input_ids"] == [1, 2, 3] and "text" not in server.bodies[-1]
-    out = traffic.run(cfg(server, endpoint="/v1/completions", requests=1, model="kimi"))
+    out = traffic_on_host.run(cfg(server, endpoint="/v1/completions", requests=1, model="kimi"))
     body = server.bodies[-1]
     assert out["requests"][0]["ok"] and out["requests"][0]["tokens"] == 4
     assert (body["model"], body["prompt"], body["max_tokens"], body["temperature"]) == (
@@ -160,32 +161,36 @@ def test_token_ids_and_the_completions_endpoint(server: Server) -> None:
 )
 def test_each_failure_is_classified_with_its_reason(server: Server, mode: str, kind: str, error: str) -> None:
     server.mode = mode
-    r = traffic.run(cfg(server, requests=1))["requests"][0]
+    r = traffic_on_host.run(cfg(server, requests=1))["requests"][0]
     assert (r["ok"], r["kind"], r["error"]) == (False, kind, error)
 
 
 def test_a_plain_json_answer_to_a_streaming_request_is_judged_by_the_same_shape(server: Server) -> None:
     server.mode = "json"
-    r = traffic.run(cfg(server, requests=1))["requests"][0]
+    r = traffic_on_host.run(cfg(server, requests=1))["requests"][0]
     assert r["ok"] and r["tokens"] == 2 and r["ttft_s"] is not None
 
 
 def test_a_request_slower_than_its_timeout_is_a_timeout(server: Server) -> None:
     server.mode = "slow"
-    r = traffic.run(cfg(server, requests=1, timeout_s=0.5))["requests"][0]
+    r = traffic_on_host.run(cfg(server, requests=1, timeout_s=0.5))["requests"][0]
     assert (r["kind"], r["error"]) == ("timeout", "no complete answer within 0.5s")
 
 
 def test_nothing_listening_is_a_connection_failure(server: Server) -> None:
-    r = traffic.send_one(cfg(server, port=1), 0, None)
+    r = stream.send_one(cfg(server, port=1), 0, None)
     assert r["kind"] == "connection" and "Refused" in r["error"]
 
 
 def test_readiness_waits_for_200(server: Server) -> None:
     server.ready_after = 0.6
-    early = traffic.run({**cfg(server), "mode": "ready", "ready_path": "/health", "wait_s": 0.2, "interval_s": 0.05})
+    early = traffic_on_host.run(
+        {**cfg(server), "mode": "ready", "ready_path": "/health", "wait_s": 0.2, "interval_s": 0.05}
+    )
     assert early["ready"] is False and early["status"] == 503
-    out = traffic.run({**cfg(server), "mode": "ready", "ready_path": "/health", "wait_s": 5, "interval_s": 0.05})
+    out = traffic_on_host.run(
+        {**cfg(server), "mode": "ready", "ready_path": "/health", "wait_s": 5, "interval_s": 0.05}
+    )
     assert out["ready"] is True and out["status"] == 200 and out["polls"] > 1
 
 
@@ -193,24 +198,24 @@ def test_the_api_key_comes_from_the_environment_file_and_is_never_printed(server
     server.api_key = KEY
     env = tmp_path / "sglang.env"
     env.write_text(f'# comment\nOTHER=1\nSGLANG_API_KEY="{KEY}"\n')
-    ok = traffic.run(cfg(server, requests=1, env_file=str(env)))
+    ok = traffic_on_host.run(cfg(server, requests=1, env_file=str(env)))
     assert ok["requests"][0]["ok"] and ok["auth"] is True and KEY not in json.dumps(ok)
-    refused = traffic.run(cfg(server, requests=1, env_file=str(tmp_path / "missing.env")))
+    refused = traffic_on_host.run(cfg(server, requests=1, env_file=str(tmp_path / "missing.env")))
     assert refused["requests"][0]["error"] == "HTTP 401: Unauthorized" and refused["auth"] is False
-    other = traffic.run(cfg(server, requests=1, env_file=str(env), api_key_env="OTHER"))
+    other = traffic_on_host.run(cfg(server, requests=1, env_file=str(env), api_key_env="OTHER"))
     assert other["auth"] is True and server.auth[-1] == "Bearer 1"
 
 
 def test_env_file_syntax() -> None:
-    assert traffic.read_env_value(None, "K") == (None, None)
-    assert traffic.read_env_value("/nonexistent/x.env", "K") == (None, None)
+    assert envfile.read_env_value(None, "K") == (None, None)
+    assert envfile.read_env_value("/nonexistent/x.env", "K") == (None, None)
 
 
 def test_a_bad_configuration_exits_2_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
-    assert traffic.main(json.dumps({"mode": "dance"})) == 2
+    assert traffic_on_host.main(json.dumps({"mode": "dance"})) == 2
     assert "mode must be one of" in capsys.readouterr().out
-    assert traffic.main("[]") == 2 and traffic.main(None) == 2 and traffic.main("") == 2
-    assert traffic.main(json.dumps({"mode": "wave", "host": "h", "port": 1, "endpoint": "/generate",
+    assert traffic_on_host.main("[]") == 2 and traffic_on_host.main(None) == 2 and traffic_on_host.main("") == 2
+    assert traffic_on_host.main(json.dumps({"mode": "wave", "host": "h", "port": 1, "endpoint": "/generate",
                                     "rid_prefix": "p", "requests": "4", "max_new_tokens": 1, "timeout_s": 1,
                                     "prompts": ["a"]})) == 2  # fmt: skip
     assert "requests must be a number" in capsys.readouterr().out
@@ -248,8 +253,8 @@ def test_the_command_carries_nothing_the_configuration_travels_on_stdin() -> Non
     """Issue 36 item 7: argv had the configuration (`ps` showed it; 128 KiB cap per argument)."""
     host = HostConfig(name="h1", address="127.0.0.1", gpu_arch=None)
     config = wave_config(host, "opsctl-probe-abc", 0)
-    assert command() == "python3 -"
-    text = payload(config)
+    assert TRAFFIC_PROGRAM.command() == "python3 -"
+    text = TRAFFIC_PROGRAM.payload(config)
     assert text.count("CONFIG_TEXT: str | None = ") == 1 and '\\"endpoint\\":\\"/generate\\"' in text
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.gate import traffic_on_host
-from opsctl.gate.traffic import ProbeClient
-from opsctl.gate.workload import run_workload
+from opsctl.comparison.workload import run_workload
 from opsctl.inventory import CompareSettings, HostConfig, Inventory
+from opsctl.probe import envfile
+from opsctl.probe.traffic import ProbeClient
 from opsctl.ssh import connect
 from tests.pipeline.test_testbed_deploy import ensure_good, fast
 
@@ -51,7 +51,7 @@ def test_systemd_reads_an_environment_file_as_the_program_does(tb1: HostConfig) 
         ).stdout
     seen = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
     systemd = {k: seen[k] for k in NAMES if k in seen}
-    assert systemd == {k: v for k, v in traffic_on_host.parse_environment_file(ENV_TEXT).items() if k in NAMES}
+    assert systemd == {k: v for k, v in envfile.parse_environment_file(ENV_TEXT).items() if k in NAMES}
     assert systemd["A"] == "x\x85B=injected" and "B" not in systemd  # what str.splitlines() got wrong
 
 

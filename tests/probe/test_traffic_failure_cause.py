@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from opsctl.gate.decision import GateState, Traffic, Verdict
-from opsctl.gate.traffic import FailureCause, RequestOutcome, Wave, failure_cause, is_client_error
 from opsctl.host import releaseroot
 from opsctl.inventory import GateSettings, HostConfig
 from opsctl.pipeline import DeployVerdict, steps
 from opsctl.pipeline.runner import Run, Step, execute
 from opsctl.pipeline.watch import ProbeDriver
+from opsctl.probe.answers import FailureCause, RequestOutcome, Wave, failure_cause, is_client_error
 from tests import builders
 from tests.pipeline.localremote import LocalRemote
 from tests.pipeline.test_runner import NEW, OLD, Log, open_run, prepared
