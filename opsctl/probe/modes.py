@@ -1,5 +1,5 @@
 """The probe program's modes on the host: ``ready`` (poll the readiness path), ``wave`` (probe requests) and
-``compare`` (the comparison workload, in the sample's form of opsctl/gate/sample.py).
+``compare`` (the comparison workload, in the sample's form of opsctl/comparison/sample.py).
 
 Part of the probe's host program (opsctl/probe/traffic_on_host.py): standard library only, Python 3.10.
 """
@@ -37,7 +37,7 @@ def _finite(value: Any, integer: bool = False) -> Any:
 
 
 def compare_record(rec: dict[str, Any], load: float | None) -> dict[str, Any]:
-    """One measured request in the sample's form (opsctl/gate/sample.py), from the times this program saw the
+    """One measured request in the sample's form (opsctl/comparison/sample.py), from the times this program saw the
     chunks: TTFT to the first chunk carrying tokens, decode seconds per token after it (to the last one)."""
     meta = rec.get("meta") or {}
     ids = rec.get("output_ids") or []

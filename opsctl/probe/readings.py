@@ -62,7 +62,7 @@ CALIBRATION_LOOPS = 3  # a few milliseconds of pure-Python work, the same on eve
 
 
 def calibrate(clock: Any = time.perf_counter) -> float:
-    """Seconds a fixed piece of CPU work takes now (the comparison's host figure, opsctl/gate/compare.py): run
+    """Seconds a fixed piece of CPU work takes now (the comparison's host figure, opsctl/comparison/decode.py): run
     between requests, while the server is idle, it grows only when something else on the host takes the CPU."""
     started = clock()
     for _ in range(CALIBRATION_LOOPS):

@@ -23,7 +23,7 @@ Modes (``mode`` in the config):
   ``timeout_s``: not a failure);
 - ``compare``: the comparison workload: ``warmup`` requests (discarded), then one request per prompt ->
   ``{"sample": {"requests": [...], "load_source"}, "warmup": {"sent", "failed"}, "unsent", "auth", ...}``, each
-  request in the form of opsctl/gate/sample.py.
+  request in the form of opsctl/comparison/sample.py.
 
 Budgets (``wave`` and ``compare``): no request starts after ``start_within_s`` (so the gate reads the journal
 between requests) or with less than ``min(timeout_s, MIN_REQUEST_S)`` left, and none runs past
