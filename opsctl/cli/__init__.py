@@ -4,7 +4,7 @@ a group of commands (``hosts``, ``deploy``, ``restart`` (restart, rollback), ``a
 ``main.py``. Shared: ``common.py`` (options, output, the error boundary), ``progress.py`` (a single-host
 command's live steps and closing verdict), ``rollout.py`` (a group target's plan and table), ``parityview.py``
 (parity lines and their verdicts as status and logs show them), ``render.py`` (the tables and texts of health
-results and roll-outs)."""
+results and roll-outs), ``helptext.py`` (every command's help as prose: the terminal wraps it, not the docstring)."""
 
 import os
 
