@@ -2,7 +2,8 @@
 
 This module is the per-rank :class:`Capturer` (arming and the per-step protocol). The request, the layout on disk
 and where captures go: :mod:`kdtree_backend.capture_format`; the gather plan: :mod:`kdtree_backend.capture_rows`;
-the CUDA-graph slots: :mod:`kdtree_backend.capture_graph`; the writer thread: :mod:`kdtree_backend.capture_writer`.
+the CUDA-graph slots: :mod:`kdtree_backend.capture_graph`; the writer thread: :mod:`kdtree_backend.capture_writer`;
+what a captured step holds and a call is stored as: :mod:`kdtree_backend.capture_step`.
 
 The running service never changes what it returns: capture only reads the step's tensors. On CUDA the step
 gathers the rows into device memory of its own (and copies q and out there), records an event and queues the
@@ -43,28 +44,14 @@ from .capture_format import (
     parse_request,
 )
 from .capture_graph import GraphLayer, GraphSlots
-from .capture_rows import StepRows, gather_rows, nbytes, remap_keys, step_rows, storage_view
+from .capture_rows import gather_rows, nbytes, remap_keys, storage_view
+from .capture_step import CapturedStep, call_groups, call_manifest, captured_step
 from .capture_writer import CallJob, DoneJob, Writer, hand_over, mkdir
 
 POLL_S = 1.0
 # Device memory the calls waiting for the writer may hold (gathered rows, copies of q and out); a step beyond it
 # is not taken (a later one is).
 DEVICE_BACKLOG_BYTES = 256 << 20
-
-
-@dataclass
-class _Step:
-    index: int
-    q_len: int
-    plan: StepRows
-    shared: dict[str, dict[str, torch.Tensor]]  # device tensors shared by the step's calls: file stem -> tensors
-    release_keys: torch.Tensor  # the running release's key list (pool rows), trimmed
-    remapped_keys: torch.Tensor | None = None
-    padding: int = 0  # CUDA-graph padding requests (the last ones)
-    # CUDA graphs: per capture layer, its rows gathered before the replay (drafts patched after it) and what its
-    # captured forward was recorded with; empty in eager mode.
-    graph_rows: dict[int, tuple[torch.Tensor, GraphLayer]] = field(default_factory=dict)
-    stop: tuple[str, int] | None = None  # the budget ran out within this step: (reason, bytes one call needs)
 
 
 @dataclass
@@ -104,7 +91,7 @@ class Capturer:
         self._log = log
         self._next_poll = 0.0
         self.progress: CaptureProgress | None = None
-        self._step: _Step | None = None
+        self._step: CapturedStep | None = None
         self._handled: set[str] = set()
         self._complained: str | None = None
         self._writer: Writer | None = None
@@ -208,37 +195,16 @@ class Capturer:
             return False  # the writer is still copying earlier calls off the device: take a later step
         try:
             with torch.no_grad():
-                tokens = bs * q_len
-                indptr = kv_indptr[: bs + 1]
-                locations = out_cache_loc[:tokens]
-                if locations.numel() < tokens:  # a padded graph batch: SGLang hands over the real tokens' slots only
-                    locations = torch.cat([locations, locations.new_zeros(tokens - locations.numel())])
-                plan = step_rows(indptr, kv_indices, locations, q_len)
-                mask_end = int(mask_indptr[bs])
-                key_end = int(key_indptr[bs])
-                seq_lens = (indptr[1:] - indptr[:-1]).long()
-                shared = {
-                    "inputs": {
-                        "key_indptr": key_indptr[: bs + 1].to(torch.int32).clone(),
-                        "qo_indptr": qo_indptr[: bs + 1].to(torch.int32).clone(),
-                        "draft_mask": draft_mask[:tokens].clone(),
-                    },
-                    "sglang": {
-                        "kv_indptr": indptr.clone(),
-                        "kv_indices": plan.kv_indices,
-                        "out_cache_loc": plan.out_cache_loc,
-                        "custom_mask": custom_mask[:mask_end].clone(),
-                        "mask_indptr": mask_indptr[: bs + 1].clone(),
-                        "seq_lens": seq_lens,
-                        "qo_indptr": qo_indptr[: bs + 1].clone(),
-                    },
-                }
-                current = _Step(step, q_len, plan, shared, keys[:key_end], padding=padding)
+                current = captured_step(
+                    step=step, kv_indptr=kv_indptr, kv_indices=kv_indices, out_cache_loc=out_cache_loc,
+                    custom_mask=custom_mask, mask_indptr=mask_indptr, qo_indptr=qo_indptr, key_indptr=key_indptr,
+                    keys=keys, draft_mask=draft_mask, bs=bs, q_len=q_len, padding=padding,
+                )  # fmt: skip
                 if graph is not None:
                     if slots is None:  # the release runs with capture.in_graphs false: no slots in its graphs
                         self.finish("graph_capture_off")
                         return False
-                    if not self._begin_graph_step(current, graph, slots, tokens):
+                    if not self._begin_graph_step(current, graph, slots, bs * q_len):
                         return False
                 self._step = current
             self.progress.steps += 1
@@ -247,7 +213,9 @@ class Capturer:
             self._fail(exc)
             return False
 
-    def _begin_graph_step(self, step: _Step, graph: Mapping[int, GraphLayer], slots: GraphSlots, tokens: int) -> bool:
+    def _begin_graph_step(
+        self, step: CapturedStep, graph: Mapping[int, GraphLayer], slots: GraphSlots, tokens: int
+    ) -> bool:
         """The graph part of :meth:`begin_step`: the prefix rows of each wanted layer, gathered before the replay
         (the draft positions are patched from the slots after it), within the byte budget."""
         progress = self.progress
@@ -363,7 +331,7 @@ class Capturer:
     def _queue_call(
         self,
         layer: int,
-        step: _Step,
+        step: CapturedStep,
         *,
         q: torch.Tensor,
         kv_rows: torch.Tensor,
@@ -380,45 +348,18 @@ class Capturer:
         progress, writer, directory = self.progress, self._writer, self.directory
         if progress is None or writer is None or directory is None:
             return None
-        assert step.remapped_keys is not None
-        heads, dl = out.shape[1], out.shape[-1]
         if out.is_cuda:  # views of live buffers (the step's activations, the graph's slots): the capture's own copy
             q, out = q.clone(), out.clone()
-        per_call = {
-            "inputs": {"q": q, "kv_rows": kv_rows, "keys": step.remapped_keys, **step.shared["inputs"]},
-            "sglang": step.shared["sglang"],
-            "output": {"out": out},
-        }
+        per_call = call_groups(step, q, kv_rows, out)
         size = sum(nbytes(group) for group in per_call.values())
         if budget and progress.bytes + size > progress.request.max_bytes:
             return size
         groups, event, device_bytes = hand_over(per_call)
-        manifest = {
-            "format": FORMAT,
-            "capture": progress.request.id,
-            "release": self.release,
-            "tp": self.tp,
-            "layer": layer,
-            "step": step.index,
-            "bs": int(step.shared["sglang"]["kv_indptr"].numel() - 1),
-            "q_len": step.q_len,
-            "heads": heads,
-            "v_head_dim": dl,
-            "sm_scale": float(sm_scale),
-            "k_scale": float(k_scale),
-            "v_scale": float(v_scale),
-            "pool_rows": pool_rows,
-            "graph": graph,
-            "padding_requests": step.padding,  # the last ones of bs: CUDA-graph padding, captured as replayed
-            "keys_outside_rows": None,  # counted by the writer on the host copy
-            "captured_at": self._wall(),
-            "device": str(out.device),
-            "tensors": {
-                f"{stem}/{key}": {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-                for stem, group in groups.items()
-                for key, t in group.items()
-            },
-        }
+        manifest = call_manifest(
+            step, groups, capture=progress.request.id, release=self.release, tp=self.tp, layer=layer, out=out,
+            pool_rows=pool_rows, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, graph=graph,
+            captured_at=self._wall(),
+        )  # fmt: skip
         name = call_name(self.tp, layer, step.index)
         writer.put_call(CallJob(directory / progress.request.id, name, groups, manifest, event, device_bytes))
         progress.calls += 1
