@@ -3,7 +3,7 @@
 This module is the per-rank :class:`Capturer` (arming and the per-step protocol). The request, the layout on disk
 and where captures go: :mod:`kdtree_backend.capture_format`; the gather plan: :mod:`kdtree_backend.capture_rows`;
 the CUDA-graph slots: :mod:`kdtree_backend.capture_graph`; the writer thread: :mod:`kdtree_backend.capture_writer`;
-what a captured step holds and a call is stored as: :mod:`kdtree_backend.capture_step`.
+a capture's progress and done file, a captured step and a call's files: :mod:`kdtree_backend.capture_step`.
 
 The running service never changes what it returns: capture only reads the step's tensors. On CUDA the step
 gathers the rows into device memory of its own (and copies q and out there), records an event and queues the
@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,7 +35,6 @@ from .capture_format import (
     FORMAT,
     REQUEST_FILE,
     CaptureError,
-    CaptureRequest,
     call_name,
     done_name,
     locate,
@@ -44,24 +42,14 @@ from .capture_format import (
     parse_request,
 )
 from .capture_graph import GraphLayer, GraphSlots
-from .capture_rows import gather_rows, nbytes, remap_keys, storage_view
-from .capture_step import CapturedStep, call_groups, call_manifest, captured_step
+from .capture_rows import gather_rows, nbytes, remap_keys, step_rows, storage_view
+from .capture_step import CapturedStep, CaptureProgress, call_groups, done_summary
 from .capture_writer import CallJob, DoneJob, Writer, hand_over, mkdir
 
 POLL_S = 1.0
 # Device memory the calls waiting for the writer may hold (gathered rows, copies of q and out); a step beyond it
 # is not taken (a later one is).
 DEVICE_BACKLOG_BYTES = 256 << 20
-
-
-@dataclass
-class CaptureProgress:
-    request: CaptureRequest
-    calls: int = 0
-    bytes: int = 0
-    steps: int = 0
-    layers_seen: set[int] = field(default_factory=set)
-    notes: dict[str, object] = field(default_factory=dict)  # extra fields of the done file
 
 
 class Capturer:
@@ -195,16 +183,37 @@ class Capturer:
             return False  # the writer is still copying earlier calls off the device: take a later step
         try:
             with torch.no_grad():
-                current = captured_step(
-                    step=step, kv_indptr=kv_indptr, kv_indices=kv_indices, out_cache_loc=out_cache_loc,
-                    custom_mask=custom_mask, mask_indptr=mask_indptr, qo_indptr=qo_indptr, key_indptr=key_indptr,
-                    keys=keys, draft_mask=draft_mask, bs=bs, q_len=q_len, padding=padding,
-                )  # fmt: skip
+                tokens = bs * q_len
+                indptr = kv_indptr[: bs + 1]
+                locations = out_cache_loc[:tokens]
+                if locations.numel() < tokens:  # a padded graph batch: SGLang hands over the real tokens' slots only
+                    locations = torch.cat([locations, locations.new_zeros(tokens - locations.numel())])
+                plan = step_rows(indptr, kv_indices, locations, q_len)
+                mask_end = int(mask_indptr[bs])
+                key_end = int(key_indptr[bs])
+                seq_lens = (indptr[1:] - indptr[:-1]).long()
+                shared = {
+                    "inputs": {
+                        "key_indptr": key_indptr[: bs + 1].to(torch.int32).clone(),
+                        "qo_indptr": qo_indptr[: bs + 1].to(torch.int32).clone(),
+                        "draft_mask": draft_mask[:tokens].clone(),
+                    },
+                    "sglang": {
+                        "kv_indptr": indptr.clone(),
+                        "kv_indices": plan.kv_indices,
+                        "out_cache_loc": plan.out_cache_loc,
+                        "custom_mask": custom_mask[:mask_end].clone(),
+                        "mask_indptr": mask_indptr[: bs + 1].clone(),
+                        "seq_lens": seq_lens,
+                        "qo_indptr": qo_indptr[: bs + 1].clone(),
+                    },
+                }
+                current = CapturedStep(step, q_len, plan, shared, keys[:key_end], padding=padding)
                 if graph is not None:
                     if slots is None:  # the release runs with capture.in_graphs false: no slots in its graphs
                         self.finish("graph_capture_off")
                         return False
-                    if not self._begin_graph_step(current, graph, slots, bs * q_len):
+                    if not self._begin_graph_step(current, graph, slots, tokens):
                         return False
                 self._step = current
             self.progress.steps += 1
@@ -355,11 +364,32 @@ class Capturer:
         if budget and progress.bytes + size > progress.request.max_bytes:
             return size
         groups, event, device_bytes = hand_over(per_call)
-        manifest = call_manifest(
-            step, groups, capture=progress.request.id, release=self.release, tp=self.tp, layer=layer, out=out,
-            pool_rows=pool_rows, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, graph=graph,
-            captured_at=self._wall(),
-        )  # fmt: skip
+        manifest = {
+            "format": FORMAT,
+            "capture": progress.request.id,
+            "release": self.release,
+            "tp": self.tp,
+            "layer": layer,
+            "step": step.index,
+            "bs": int(step.shared["sglang"]["kv_indptr"].numel() - 1),
+            "q_len": step.q_len,
+            "heads": out.shape[1],
+            "v_head_dim": out.shape[-1],
+            "sm_scale": float(sm_scale),
+            "k_scale": float(k_scale),
+            "v_scale": float(v_scale),
+            "pool_rows": pool_rows,
+            "graph": graph,
+            "padding_requests": step.padding,  # the last ones of bs: CUDA-graph padding, captured as replayed
+            "keys_outside_rows": None,  # counted by the writer on the host copy
+            "captured_at": self._wall(),
+            "device": str(out.device),
+            "tensors": {
+                f"{stem}/{key}": {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                for stem, group in groups.items()
+                for key, t in group.items()
+            },
+        }
         name = call_name(self.tp, layer, step.index)
         writer.put_call(CallJob(directory / progress.request.id, name, groups, manifest, event, device_bytes))
         progress.calls += 1
@@ -376,20 +406,8 @@ class Capturer:
         self._step = None
         if progress is None or self.directory is None:
             return
-        summary = {
-            "format": FORMAT,
-            "capture": progress.request.id,
-            "release": self.release,
-            "tp": self.tp,
-            "calls": progress.calls,
-            "bytes": progress.bytes,
-            "steps": progress.steps,
-            "layers": sorted(progress.layers_seen),
-            "reason": reason,
-            "finished_at": self._wall(),
-            **progress.notes,
-            **extra,
-        }
+        summary = done_summary(progress, release=self.release, tp=self.tp, reason=reason, finished_at=self._wall())
+        summary.update(extra)
         path = self.directory / progress.request.id / done_name(self.tp)
         if self._writer is not None:
             self._writer.jobs.put(DoneJob(path, summary))
