@@ -17,7 +17,9 @@ One module a job:
     reset.py        a host put back to a clean state between tests
     prereqs.py, ports.py, procfs.py, localrun.py   root and tools; loopback ports; /proc; local commands
 
-The names below are what the rest of the repository imports from ``opsctl.testbed``.
+The names below are what the rest of the repository imports from ``opsctl.testbed``. It stands on floor 3
+(docs/architecture.md, "Floors"): it may import ``errors``, ``release``, ``inventory`` and ``ssh`` (and the rest of
+floors 0-2), never ``unit``, ``lock`` or anything above.
 """
 
 from __future__ import annotations
