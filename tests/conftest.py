@@ -47,10 +47,10 @@ if _WORKER:
     os.environ.pop("COLUMNS", None)
 _OWN_TESTBED = _WORKER.startswith("gw") and _WORKER != "gw0"
 if _OWN_TESTBED:
-    from opsctl.testbed.layout import STATE_ENV, Layout
     from opsctl.testbed.ports import PORT_BASE_ENV
+    from opsctl.testbed.statedir import STATE_ENV, StateDir
 
-    _default = Layout()  # the default testbed's directory and port base, as opsctl resolves them
+    _default = StateDir()  # the default testbed's directory and port base, as opsctl resolves them
     os.environ[STATE_ENV] = f"{_default.state_dir}-{_WORKER}"
     os.environ[PORT_BASE_ENV] = str(_default.port_base + 100 * int(_WORKER.removeprefix("gw")))
 

@@ -2,7 +2,8 @@
 
 This module is the per-rank :class:`Capturer` (arming and the per-step protocol). The request, the layout on disk
 and where captures go: :mod:`kdtree_backend.capture_format`; the gather plan: :mod:`kdtree_backend.capture_rows`;
-the CUDA-graph slots: :mod:`kdtree_backend.capture_graph`; the writer thread: :mod:`kdtree_backend.capture_writer`.
+the CUDA-graph slots: :mod:`kdtree_backend.capture_graph`; the writer thread: :mod:`kdtree_backend.capture_writer`;
+a capture's progress and done file, a captured step and a call's files: :mod:`kdtree_backend.capture_step`.
 
 The running service never changes what it returns: capture only reads the step's tensors. On CUDA the step
 gathers the rows into device memory of its own (and copies q and out there), records an event and queues the
@@ -26,7 +27,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,7 +35,6 @@ from .capture_format import (
     FORMAT,
     REQUEST_FILE,
     CaptureError,
-    CaptureRequest,
     call_name,
     done_name,
     locate,
@@ -43,38 +42,14 @@ from .capture_format import (
     parse_request,
 )
 from .capture_graph import GraphLayer, GraphSlots
-from .capture_rows import StepRows, gather_rows, nbytes, remap_keys, step_rows, storage_view
+from .capture_rows import gather_rows, nbytes, remap_keys, step_rows, storage_view
+from .capture_step import CapturedStep, CaptureProgress, call_groups, done_summary
 from .capture_writer import CallJob, DoneJob, Writer, hand_over, mkdir
 
 POLL_S = 1.0
 # Device memory the calls waiting for the writer may hold (gathered rows, copies of q and out); a step beyond it
 # is not taken (a later one is).
 DEVICE_BACKLOG_BYTES = 256 << 20
-
-
-@dataclass
-class _Step:
-    index: int
-    q_len: int
-    plan: StepRows
-    shared: dict[str, dict[str, torch.Tensor]]  # device tensors shared by the step's calls: file stem -> tensors
-    release_keys: torch.Tensor  # the running release's key list (pool rows), trimmed
-    remapped_keys: torch.Tensor | None = None
-    padding: int = 0  # CUDA-graph padding requests (the last ones)
-    # CUDA graphs: per capture layer, its rows gathered before the replay (drafts patched after it) and what its
-    # captured forward was recorded with; empty in eager mode.
-    graph_rows: dict[int, tuple[torch.Tensor, GraphLayer]] = field(default_factory=dict)
-    stop: tuple[str, int] | None = None  # the budget ran out within this step: (reason, bytes one call needs)
-
-
-@dataclass
-class CaptureProgress:
-    request: CaptureRequest
-    calls: int = 0
-    bytes: int = 0
-    steps: int = 0
-    layers_seen: set[int] = field(default_factory=set)
-    notes: dict[str, object] = field(default_factory=dict)  # extra fields of the done file
 
 
 class Capturer:
@@ -104,7 +79,7 @@ class Capturer:
         self._log = log
         self._next_poll = 0.0
         self.progress: CaptureProgress | None = None
-        self._step: _Step | None = None
+        self._step: CapturedStep | None = None
         self._handled: set[str] = set()
         self._complained: str | None = None
         self._writer: Writer | None = None
@@ -233,7 +208,7 @@ class Capturer:
                         "qo_indptr": qo_indptr[: bs + 1].clone(),
                     },
                 }
-                current = _Step(step, q_len, plan, shared, keys[:key_end], padding=padding)
+                current = CapturedStep(step, q_len, plan, shared, keys[:key_end], padding=padding)
                 if graph is not None:
                     if slots is None:  # the release runs with capture.in_graphs false: no slots in its graphs
                         self.finish("graph_capture_off")
@@ -247,7 +222,9 @@ class Capturer:
             self._fail(exc)
             return False
 
-    def _begin_graph_step(self, step: _Step, graph: Mapping[int, GraphLayer], slots: GraphSlots, tokens: int) -> bool:
+    def _begin_graph_step(
+        self, step: CapturedStep, graph: Mapping[int, GraphLayer], slots: GraphSlots, tokens: int
+    ) -> bool:
         """The graph part of :meth:`begin_step`: the prefix rows of each wanted layer, gathered before the replay
         (the draft positions are patched from the slots after it), within the byte budget."""
         progress = self.progress
@@ -363,7 +340,7 @@ class Capturer:
     def _queue_call(
         self,
         layer: int,
-        step: _Step,
+        step: CapturedStep,
         *,
         q: torch.Tensor,
         kv_rows: torch.Tensor,
@@ -380,15 +357,9 @@ class Capturer:
         progress, writer, directory = self.progress, self._writer, self.directory
         if progress is None or writer is None or directory is None:
             return None
-        assert step.remapped_keys is not None
-        heads, dl = out.shape[1], out.shape[-1]
         if out.is_cuda:  # views of live buffers (the step's activations, the graph's slots): the capture's own copy
             q, out = q.clone(), out.clone()
-        per_call = {
-            "inputs": {"q": q, "kv_rows": kv_rows, "keys": step.remapped_keys, **step.shared["inputs"]},
-            "sglang": step.shared["sglang"],
-            "output": {"out": out},
-        }
+        per_call = call_groups(step, q, kv_rows, out)
         size = sum(nbytes(group) for group in per_call.values())
         if budget and progress.bytes + size > progress.request.max_bytes:
             return size
@@ -402,8 +373,8 @@ class Capturer:
             "step": step.index,
             "bs": int(step.shared["sglang"]["kv_indptr"].numel() - 1),
             "q_len": step.q_len,
-            "heads": heads,
-            "v_head_dim": dl,
+            "heads": out.shape[1],
+            "v_head_dim": out.shape[-1],
             "sm_scale": float(sm_scale),
             "k_scale": float(k_scale),
             "v_scale": float(v_scale),
@@ -435,20 +406,8 @@ class Capturer:
         self._step = None
         if progress is None or self.directory is None:
             return
-        summary = {
-            "format": FORMAT,
-            "capture": progress.request.id,
-            "release": self.release,
-            "tp": self.tp,
-            "calls": progress.calls,
-            "bytes": progress.bytes,
-            "steps": progress.steps,
-            "layers": sorted(progress.layers_seen),
-            "reason": reason,
-            "finished_at": self._wall(),
-            **progress.notes,
-            **extra,
-        }
+        summary = done_summary(progress, release=self.release, tp=self.tp, reason=reason, finished_at=self._wall())
+        summary.update(extra)
         path = self.directory / progress.request.id / done_name(self.tp)
         if self._writer is not None:
             self._writer.jobs.put(DoneJob(path, summary))

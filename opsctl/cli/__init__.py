@@ -4,7 +4,11 @@ a group of commands (``hosts``, ``deploy``, ``restart`` (restart, rollback), ``a
 ``main.py``. Shared: ``common.py`` (options, output, the error boundary), ``progress.py`` (a single-host
 command's live steps and closing verdict), ``rollout.py`` (a group target's plan and table), ``parityview.py``
 (parity lines and their verdicts as status and logs show them), ``render.py`` (the tables and texts of health
-results and roll-outs)."""
+results and roll-outs), ``helptext.py`` (every command's help as prose: the terminal wraps it, not the docstring).
+
+The top floor but ``__main__`` (docs/architecture.md, "Floors"): it may import every package of opsctl; none
+imports it. A command module imports what it needs inside its commands, so that ``opsctl --help`` starts at once
+(main.py)."""
 
 import os
 

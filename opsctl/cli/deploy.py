@@ -3,6 +3,8 @@ back by itself on failure. Exit 0 only on PASS (also up to date, planned, staged
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,6 +15,7 @@ from . import common
 
 if TYPE_CHECKING:
     from ..inventory import HostConfig
+    from ..pipeline import DeployOptions, Plan
 
 console = common.out
 
@@ -72,64 +75,107 @@ def deploy_command(
     """Deploy the working tree to HOST (or a GROUP, canary first then batches): upload, build, parity, switch,
     restart, gate; each host rolls itself back on failure. The plan is printed when there is work to do."""
     from .. import pipeline
-    from ..fleet import rollout as fleet
     from ..release import default_tree
-    from . import progress
-    from .rollout import run_fleet
 
     tree = (src or default_tree()).resolve()
     inv = common.inventory(inventory_path)
-    host = common.pick_target(inv, host, "deploy")
-    if host not in inv.hosts:
-        targets = inv.resolve(host)
-        plan = fleet.plan_rollout(
-            targets, canary=canary or fleet.default_canary(targets), batch=batch, max_fail=max_fail
-        )
-        opts = pipeline.DeployOptions(
-            gate_timeout_s=gate_timeout, force=force, no_restart=no_restart, skip_prerestart_parity=skip_parity
-        )
-        run_fleet(
-            host, plan, lambda emit: fleet.deploy_action(tree, opts, emit), "deploy", parallel, dry_run, yes, as_json
-        )
-        return
-    if canary or batch or max_fail or parallel:
-        raise UsageError(f"{host} is a single host: --canary, --batch, --max-fail and --parallel are for groups")
-    h = inv.host(host)
+    target = common.pick_target(inv, host, "deploy")
     opts = pipeline.DeployOptions(
-        dry_run=True,
-        gate_timeout_s=gate_timeout,
-        force=force,
-        no_restart=no_restart,
-        skip_prerestart_parity=skip_parity,
-    )
-    plan_res = pipeline.deploy(h, tree, opts)
-    if plan_res.plan is not None and plan_res.verdict is pipeline.DeployVerdict.PLANNED and not as_json:
-        described = plan_res.plan.describe()
-        if yes and not (dry_run or verbose or progress.plain_wanted(console, plain)):
-            # On a terminal nobody reads it before it runs: its head, and where the rest is (a log keeps it whole).
-            described = [f"{described[0]}: {len(plan_res.plan.steps)} steps (--dry-run or --verbose prints them)"]
-        for line in described:
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
-        if not no_restart and len(described) > 1:
-            console.print(_gate_rules(h), highlight=False, style="dim", soft_wrap=True)
-    if plan_res.verdict is pipeline.DeployVerdict.REFUSED and dry_run:
-        raise DeployFailed(f"deploy would be refused: {plan_res.reason}")
-    if dry_run or plan_res.verdict is pipeline.DeployVerdict.UP_TO_DATE:
-        progress.finish(plan_res, as_json)
-        return
-    # A refusal is raised by the real run below with its own type (LockHeld, DeployFailed): no question first.
-    if (
-        plan_res.verdict is not pipeline.DeployVerdict.REFUSED
-        and not yes
-        and not typer.confirm(f"Deploy {plan_res.release} to {host}?", default=False)
-    ):
-        raise typer.Exit(code=EXIT_NOT_CONFIRMED)
-    real = pipeline.DeployOptions(
         gate_timeout_s=gate_timeout, force=force, no_restart=no_restart, skip_prerestart_parity=skip_parity
     )
-    with progress.reporter(host, as_json, release=plan_res.release, plain=plain, verbose=verbose) as rep:
-        res = pipeline.deploy(h, tree, real, rep)
-    progress.finish(res, as_json)
+    if target not in inv.hosts:
+        group = GroupChoices(canary=canary, batch=batch, max_fail=max_fail, parallel=parallel)
+        deploy_group(target, inv.resolve(target), tree, opts, group, Asked(dry_run, yes, as_json, plain, verbose))
+        return
+    if canary or batch or max_fail or parallel:
+        raise UsageError(f"{target} is a single host: --canary, --batch, --max-fail and --parallel are for groups")
+    deploy_host(target, inv.host(target), tree, opts, Asked(dry_run, yes, as_json, plain, verbose))
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What the operator asked of the command's output and prompt (not of the deploy itself)."""
+
+    dry_run: bool
+    yes: bool
+    as_json: bool
+    plain: bool
+    verbose: bool
+
+
+@dataclass(frozen=True)
+class GroupChoices:
+    """The group-only options: the canary, the batch size, the failure budget, the hosts of a batch side by side."""
+
+    canary: str | None
+    batch: str | None
+    max_fail: str | None
+    parallel: bool
+
+
+def deploy_group(
+    target: str, hosts: list[HostConfig], tree: Path, opts: DeployOptions, group: GroupChoices, asked: Asked
+) -> None:
+    """A group: the roll-out's plan (canary, batches, failure budget), asked for, then each host deployed."""
+    from ..fleet import rollout as fleet
+    from .rollout import run_fleet
+
+    plan = fleet.plan_rollout(
+        hosts, canary=group.canary or fleet.default_canary(hosts), batch=group.batch, max_fail=group.max_fail
+    )
+    run_fleet(
+        target,
+        plan,
+        lambda emit: fleet.deploy_action(tree, opts, emit),
+        "deploy",
+        group.parallel,
+        asked.dry_run,
+        asked.yes,
+        asked.as_json,
+    )
+
+
+def deploy_host(target: str, h: HostConfig, tree: Path, opts: DeployOptions, asked: Asked) -> None:
+    """One host: its plan (a dry run of the same options) printed, asked for, then the deploy with its live view."""
+    from .. import pipeline
+    from . import progress
+
+    planned = pipeline.deploy(h, tree, dataclasses.replace(opts, dry_run=True))
+    if planned.plan is not None and planned.verdict is pipeline.DeployVerdict.PLANNED and not asked.as_json:
+        print_plan(h, planned.plan, opts, asked)
+    if planned.verdict is pipeline.DeployVerdict.REFUSED and asked.dry_run:
+        raise DeployFailed(f"deploy would be refused: {planned.reason}")
+    if asked.dry_run or planned.verdict is pipeline.DeployVerdict.UP_TO_DATE:
+        progress.finish(planned, asked.as_json)
+        return
+    # A refusal is raised by the real run below with its own type (LockHeld, DeployFailed): no question first.
+    if planned.verdict is not pipeline.DeployVerdict.REFUSED and not asked.yes:
+        confirm(f"Deploy {planned.release} to {target}?")
+    with progress.reporter(
+        target, asked.as_json, release=planned.release, plain=asked.plain, verbose=asked.verbose
+    ) as rep:
+        res = pipeline.deploy(h, tree, opts, rep)
+    progress.finish(res, asked.as_json)
+
+
+def confirm(question: str) -> None:
+    """Asked at the prompt; anything but yes exits EXIT_NOT_CONFIRMED."""
+    if not typer.confirm(question, default=False):
+        raise typer.Exit(code=EXIT_NOT_CONFIRMED)
+
+
+def print_plan(h: HostConfig, plan: Plan, opts: DeployOptions, asked: Asked) -> None:
+    """The plan's steps and the gate's rules; under --yes on a terminal only its head (nobody reads it first)."""
+    from . import progress
+
+    described = plan.describe()
+    if asked.yes and not (asked.dry_run or asked.verbose or progress.plain_wanted(console, asked.plain)):
+        # On a terminal nobody reads it before it runs: its head, and where the rest is (a log keeps it whole).
+        described = [f"{described[0]}: {len(plan.steps)} steps (--dry-run or --verbose prints them)"]
+    for line in described:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if not opts.no_restart and len(described) > 1:
+        console.print(_gate_rules(h), highlight=False, style="dim", soft_wrap=True)
 
 
 app = typer.Typer()

@@ -18,6 +18,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from ..errors import EXIT_INTERRUPTED, EXIT_NOT_CONFIRMED, OpsError
 from . import adopt, bundle, common, deploy, hosts, lock, releases, restart, service, status
+from .helptext import flow_help
 
 # Commands imported when used: name -> (module of opsctl.cli, its Typer, whether that Typer is the command's group of
 # subcommands, the first paragraph of its help as `opsctl --help` shows it; tests/cli/test_startup.py pins it to the
@@ -28,7 +29,7 @@ LAZY: dict[str, tuple[str, str, bool, str]] = {
         "health",
         "app",
         False,
-        "Check hosts: unit, HTTP, GPU, drift, parity, disk, lock; with --probe the verify path end to end. Exit 0 OK,\n"
+        "Check hosts: unit, HTTP, GPU, drift, parity, disk, lock; with --probe the verify path end to end. Exit 0 OK, "
         "1 WARN, 2 CRIT, 3 the check failed.",
     ),
     "schedule": ("health", "schedule_app", True, "Scheduled health checks (systemd timer on this machine)."),
@@ -48,7 +49,7 @@ LAZY: dict[str, tuple[str, str, bool, str]] = {
         "capture",
         "app",
         False,
-        "List the captures stored on HOST (age, release, size) and its capture request, armed or left behind; with\n"
+        "List the captures stored on HOST (age, release, size) and its capture request, armed or left behind; with "
         "--prune remove old ones (and an expired request), with --disarm the request.",
     ),
     "testbed": ("testbed", "app", True, "Local test hosts: Debian booted with systemd-nspawn, sshd on 127.0.0.1."),
@@ -56,7 +57,7 @@ LAZY: dict[str, tuple[str, str, bool, str]] = {
         "compare",
         "app",
         False,
-        "Judge a candidate's comparison sample against a baseline's, as a deploy would; exit 0 pass, 31 fail,\n"
+        "Judge a candidate's comparison sample against a baseline's, as a deploy would; exit 0 pass, 31 fail, "
         "32 cannot decide.",
     ),
 }
@@ -71,7 +72,7 @@ def load_command(name: str) -> Command:
     )
     group = typer.main.get_command(holder)
     assert isinstance(group, TyperGroup)
-    return group.commands[name]
+    return flow_help(group.commands[name])
 
 
 class LazyCommand(TyperCommand):
@@ -100,10 +101,11 @@ class LazyCommand(TyperCommand):
 
 
 class OpsctlGroup(TyperGroup):
-    """The root group: the commands Typer registered, and the ``LAZY`` ones."""
+    """The root group: the commands Typer registered, and the ``LAZY`` ones; every help text as prose."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        flow_help(self)
         for name, (_module, _attribute, _group, short_help) in LAZY.items():
             self.add_command(LazyCommand(name, short_help), name)
 

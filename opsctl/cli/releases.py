@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -11,6 +11,7 @@ from . import common
 if TYPE_CHECKING:
     from ..host.comparisons import ReleaseFigures
     from ..host.history import HistoryRecord
+    from ..host.releaseroot import HostSnapshot
 
 # How many removed releases the table shows below the ones on the host (--json gives every one).
 SHOWN_REMOVED = 10
@@ -24,70 +25,89 @@ def releases_command(
     """List the releases on HOST: id, created, commit, current/good/bad, last verdict, decode speed relative to
     the release it replaced; then the releases cleanup removed, and when. --json carries each release's comparison
     samples (for opsctl compare)."""
-    from rich.table import Table
-    from rich.text import Text
-
     from ..host import history as host_history
     from ..host import views
     from ..host.comparisons import release_figures
-    from ..terminal import escaped
-    from .parityview import verdict_text
 
     h = common.host_of(host, inventory_path, "releases")
-    host = h.name
     view = views.read_releases(h)
     snap, hist, info = view.snap, view.history, view.meta
     verdicts = host_history.release_verdicts(hist)
     figures = release_figures(hist)  # each release's comparison with the one it replaced (issue 37)
-    rows = []
-    for rid in sorted(snap.releases, key=lambda x: snap.releases[x], reverse=True):
-        flags = [
-            f
-            for f, on in (
-                ("current", rid == snap.current),
-                ("last-good", rid == snap.last_good),
-                ("bad", rid in snap.bad),
-                ("adopted", rid.startswith("r0-")),
-            )
-            if on
-        ]
-        last = verdicts.get(rid)
-        rows.append(
-            {
-                "id": rid,
-                "created": info.get(rid, {}).get("created_at", "?"),
-                "commit": info.get(rid, {}).get("commit"),
-                "dirty": info.get(rid, {}).get("dirty"),
-                "flags": flags,
-                "verdict": last.verdict if last else None,
-                "verdict_at": last.at if last else None,
-                # Where the last verdict was reached when not at the gate ("pre-restart speed", ...), and why.
-                "stage": last.stage if last else None,
-                "reason": last.reason if last else None,
-                "comparison": figures[rid].to_json(samples=True) if rid in figures else None,
-            }
-        )
-    removed = removed_releases(hist, set(snap.releases))
-    for rid, rec in removed:
-        last = verdicts.get(rid)
-        rows.append(
-            {
-                "id": rid,
-                "created": None,
-                "commit": None,
-                "dirty": None,
-                "flags": ["removed"],
-                "verdict": last.verdict if last else None,
-                "verdict_at": last.at if last else None,
-                "removed_at": rec.at,
-                "removed_by": f"cleanup after deploying {rec.release}" if rec.release else "cleanup",
-                "comparison": figures[rid].to_json(samples=True) if rid in figures else None,
-            }
-        )
+    rows = [
+        present_row(rid, flags_of(rid, snap), info.get(rid, {}), verdicts.get(rid), figures.get(rid))
+        for rid in sorted(snap.releases, key=lambda x: snap.releases[x], reverse=True)
+    ]
+    rows += [
+        removed_row(rid, rec, verdicts.get(rid), figures.get(rid))
+        for rid, rec in removed_releases(hist, set(snap.releases))
+    ]
     if as_json:
         common.emit_json(rows)
         return
-    table = Table(title=f"releases on {host} ({h.root})")
+    print_table(rows, figures, title=f"releases on {h.name} ({h.root})")
+
+
+def flags_of(rid: str, snap: HostSnapshot) -> list[str]:
+    """What the release is on the host: current, last-good, bad, adopted (release zero)."""
+    return [
+        flag
+        for flag, on in (
+            ("current", rid == snap.current),
+            ("last-good", rid == snap.last_good),
+            ("bad", rid in snap.bad),
+            ("adopted", rid.startswith("r0-")),
+        )
+        if on
+    ]
+
+
+def present_row(
+    rid: str, flags: list[str], meta: dict[str, Any], last: HistoryRecord | None, figures: ReleaseFigures | None
+) -> dict[str, Any]:
+    """A release on the host, as --json prints it."""
+    return {
+        "id": rid,
+        "created": meta.get("created_at", "?"),
+        "commit": meta.get("commit"),
+        "dirty": meta.get("dirty"),
+        "flags": flags,
+        "verdict": last.verdict if last else None,
+        "verdict_at": last.at if last else None,
+        # Where the last verdict was reached when not at the gate ("pre-restart speed", ...), and why.
+        "stage": last.stage if last else None,
+        "reason": last.reason if last else None,
+        "comparison": figures.to_json(samples=True) if figures is not None else None,
+    }
+
+
+def removed_row(
+    rid: str, rec: HistoryRecord, last: HistoryRecord | None, figures: ReleaseFigures | None
+) -> dict[str, Any]:
+    """A release a cleanup removed, as --json prints it."""
+    return {
+        "id": rid,
+        "created": None,
+        "commit": None,
+        "dirty": None,
+        "flags": ["removed"],
+        "verdict": last.verdict if last else None,
+        "verdict_at": last.at if last else None,
+        "removed_at": rec.at,
+        "removed_by": f"cleanup after deploying {rec.release}" if rec.release else "cleanup",
+        "comparison": figures.to_json(samples=True) if figures is not None else None,
+    }
+
+
+def print_table(rows: list[dict[str, Any]], figures: dict[str, ReleaseFigures], title: str) -> None:
+    """The releases on the host, then the last SHOWN_REMOVED removed ones (dim)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..terminal import escaped
+    from .parityview import verdict_text
+
+    table = Table(title=title)
     for col in ("id", "created", "commit", "state", "last verdict", "decode"):
         table.add_column(col)
     present = [row for row in rows if "removed" not in row["flags"]]

@@ -8,7 +8,7 @@ how `down` proves nothing of this testbed is left.
 One module a job:
 
     rootfs.py       the machine-wide rootfs cache: built once per recipe, shared read-only by every testbed
-    layout.py       where one testbed keeps everything (its state directory), and each host's state.json
+    statedir.py     where one testbed keeps everything (its state directory), and each host's state.json
     hostdir.py      a host's directory: provisioned once (its own layer), mounted before each boot
     nspawn.py       boot and stop a host with systemd-nspawn, wait for its sshd, run a command inside it
     faults.py       fault injection for tests: power, sshd, a full disk
@@ -17,13 +17,14 @@ One module a job:
     reset.py        a host put back to a clean state between tests
     prereqs.py, ports.py, procfs.py, localrun.py   root and tools; loopback ports; /proc; local commands
 
-The names below are what the rest of the repository imports from ``opsctl.testbed``.
+The names below are what the rest of the repository imports from ``opsctl.testbed``. It stands on floor 3
+(docs/architecture.md, "Floors"): it may import ``errors``, ``release``, ``inventory`` and ``ssh`` (and the rest of
+floors 0-2), never ``unit``, ``lock`` or anything above.
 """
 
 from __future__ import annotations
 
 from .clientfiles import inventory_text
-from .layout import DEFAULT_HOSTS, DEFAULT_STATE_DIR, DISK_MB, STATE_ENV, HostState, host_index, host_names
 from .lifecycle import HostStatus, Testbed, UpReport
 from .localrun import PROGRESS_EVERY_S, Log, last_log_line
 from .nspawn import BOOT_TIMEOUT_S, STOP_TIMEOUT_S
@@ -42,6 +43,7 @@ from .rootfs import (
     SUITE,
     recipe_key,
 )
+from .statedir import DEFAULT_HOSTS, DEFAULT_STATE_DIR, DISK_MB, STATE_ENV, HostState, host_index, host_names
 
 __all__ = [
     "BOOT_TIMEOUT_S",

@@ -5,18 +5,18 @@ local, tb1..tbN; groups testbed and fleet)."""
 from __future__ import annotations
 
 from .hostdir import host_key_pub
-from .layout import DISK_MB, Layout, host_index
 from .localrun import run
 from .ports import DEFAULT_PORT_BASE
+from .statedir import DISK_MB, StateDir, host_index
 
 
-def ensure_client_key(tb: Layout) -> None:
+def ensure_client_key(tb: StateDir) -> None:
     if not tb.client_key.is_file():
         tb.client_key.parent.mkdir(parents=True, exist_ok=True)
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "opsctl-testbed", "-f", str(tb.client_key)])
 
 
-def inventory_text(testbed: Layout, ports: dict[str, int]) -> str:
+def inventory_text(testbed: StateDir, ports: dict[str, int]) -> str:
     """The testbed's inventory.yaml. The unit runs the CPU stand-in for SGLang with a 3 s model-load delay; the
     gate's probe drives its verify traffic, so short gate deadlines are enough."""
     lines = [
@@ -70,7 +70,7 @@ def inventory_text(testbed: Layout, ports: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
-def known_hosts_text(tb: Layout) -> str:
+def known_hosts_text(tb: StateDir) -> str:
     lines = []
     for name in tb.provisioned():
         pub = host_key_pub(tb, name).read_text().split()
@@ -78,7 +78,7 @@ def known_hosts_text(tb: Layout) -> str:
     return "".join(lines)
 
 
-def write_known_hosts_and_inventory(tb: Layout) -> None:
+def write_known_hosts_and_inventory(tb: StateDir) -> None:
     ports = {name: tb.state(name).port for name in tb.provisioned()}
     for path, text in ((tb.known_hosts, known_hosts_text(tb)), (tb.inventory_path, inventory_text(tb, ports))):
         tmp = path.with_suffix(".tmp")
@@ -86,7 +86,7 @@ def write_known_hosts_and_inventory(tb: Layout) -> None:
         tmp.replace(path)
 
 
-def remove(tb: Layout) -> None:
+def remove(tb: StateDir) -> None:
     """What `down` removes of these files; the client key stays (a later `up` reuses it)."""
     for path in (tb.known_hosts, tb.inventory_path):
         path.unlink(missing_ok=True)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from ..errors import TestbedError
 from . import rootfs
-from .layout import DISK_MB, HostState, Layout, host_index
 from .localrun import run
+from .statedir import DISK_MB, HostState, StateDir, host_index
 
 
-def provision(tb: Layout, name: str, base: Path) -> None:
+def provision(tb: StateDir, name: str, base: Path) -> None:
     """A fresh host directory: an overlay over the cached rootfs (its own upper layer), identity, host key,
     authorized key, sshd port. Everything is written into the upper layer before anything is mounted, and
     the directory is renamed into place when complete."""
@@ -51,13 +51,13 @@ def provision(tb: Layout, name: str, base: Path) -> None:
     tb.save_state(HostState(name=name, port=port, machine=tb.machine(name), base=str(base)))
 
 
-def host_key_pub(tb: Layout, name: str) -> Path:
+def host_key_pub(tb: StateDir, name: str) -> Path:
     """The host's public host key: in its own layer (or, for a full copy made by an older opsctl, its rootfs)."""
     layer = tb.host_dir(name) / "upper"
     return (layer if layer.is_dir() else tb.rootfs(name)) / "etc/ssh/ssh_host_ed25519_key.pub"
 
 
-def mount_rootfs(tb: Layout, name: str) -> None:
+def mount_rootfs(tb: StateDir, name: str) -> None:
     """The host's "/": overlayfs, the cached rootfs below (read-only, shared), the host's own layer above."""
     root = tb.rootfs(name)
     if os.path.ismount(root) or not (tb.host_dir(name) / "upper").is_dir():
@@ -71,7 +71,7 @@ def mount_rootfs(tb: Layout, name: str) -> None:
     run(["mount", "-t", "overlay", "-o", opts, tb.machine(name), str(root)], what=f"mount of {name}'s /")
 
 
-def mount_disk(tb: Layout, name: str) -> None:
+def mount_disk(tb: StateDir, name: str) -> None:
     disk = tb.disk(name)
     if os.path.ismount(disk):
         return
@@ -85,7 +85,7 @@ def mount_disk(tb: Layout, name: str) -> None:
         run(["cp", "-a", f"{skel}/.", str(disk)], what=f"fill of {name}'s /root")
 
 
-def umount_all(tb: Layout, name: str) -> None:
+def umount_all(tb: StateDir, name: str) -> None:
     for path in (tb.disk(name), tb.rootfs(name)):
         if os.path.ismount(path):
             run(["umount", str(path)], what=f"umount {path}")

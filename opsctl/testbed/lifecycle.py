@@ -14,9 +14,9 @@ from pathlib import Path
 
 from ..errors import TestbedError
 from . import clientfiles, faults, hostdir, nspawn, prereqs, procfs, rootfs
-from .layout import DEFAULT_HOSTS, STATE_ENV, Layout, host_names
 from .localrun import Log, quiet
 from .ports import free_port_base, port_in_use, sshd_answers
+from .statedir import DEFAULT_HOSTS, STATE_ENV, StateDir, host_names
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class UpReport:
     total_s: float
 
 
-class Testbed(Layout):
+class Testbed(StateDir):
     """One testbed: a state directory, a rootfs cache and a port range."""
 
     __test__ = False  # not a pytest test class

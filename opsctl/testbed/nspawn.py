@@ -11,15 +11,15 @@ import time
 
 from ..errors import TestbedError
 from . import hostdir, procfs
-from .layout import Layout
 from .localrun import run
 from .ports import PORT_BASE_ENV, port_in_use, sshd_answers
+from .statedir import StateDir
 
 BOOT_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 20.0
 
 
-def start(tb: Layout, name: str) -> float:
+def start(tb: StateDir, name: str) -> float:
     """Boot a provisioned host and wait for its sshd. Returns the seconds it took."""
     st = tb.state(name)
     if tb.running(name):
@@ -62,7 +62,7 @@ def start(tb: Layout, name: str) -> float:
     )
 
 
-def stop(tb: Layout, name: str, *, hard: bool) -> None:
+def stop(tb: StateDir, name: str, *, hard: bool) -> None:
     """Shut a host down (SIGTERM to nspawn: orderly poweroff) or kill it (SIGKILL to its PID 1)."""
     st = tb.state(name)
     if not tb.running(name):  # also guards against a recycled pid
@@ -92,7 +92,7 @@ def stop(tb: Layout, name: str, *, hard: bool) -> None:
         raise TestbedError(f"{name}: systemd-nspawn (pid {st.pid}) does not exit")
 
 
-def nsenter(tb: Layout, name: str, argv: list[str], timeout: float = 60) -> None:
+def nsenter(tb: StateDir, name: str, argv: list[str], timeout: float = 60) -> None:
     """Run a command inside a running host without ssh (for fault injection on sshd itself)."""
     st = tb.state(name)
     if not tb.running(name) or not st.init_pid:

@@ -16,9 +16,9 @@ import torch
 from kdtree_backend import verify
 from kdtree_backend.config import parse_config
 from kdtree_backend.replay import ReplayService, ReplaySettings
-from kdtree_backend.serve import Scheduler
 from kdtree_backend.specdecode import SpeculativeDecoder, verify_scale
 from kdtree_backend.standin import Generated, GenerateRequest, generate_item, tokenize
+from kdtree_backend.standin_scheduler import Scheduler
 
 from tests.backend.helpers import PARITY_RE, PYTHON, REPO, buggy_marshal_module, replay_env
 

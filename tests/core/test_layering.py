@@ -127,3 +127,26 @@ def test_the_checker_sees_a_circle_and_an_upward_import() -> None:
     edges = graph()
     assert "opsctl.ssh.remote" in edges["opsctl.unit.unitfile"]  # relative imports resolved
     assert "opsctl.pipeline" in edges["opsctl.fleet.rollout"]  # `from opsctl import pipeline`, inside a function
+
+
+def shared_base_names(paths: list[Path]) -> dict[str, list[str]]:
+    """Base names held by more than one of ``paths`` (``__init__.py`` aside), each with the paths holding it."""
+    holders: dict[str, list[str]] = {}
+    for p in paths:
+        if p.name != "__init__.py":
+            holders.setdefault(p.name, []).append(p.relative_to(REPO).as_posix())
+    return {name: found for name, found in holders.items() if len(found) > 1}
+
+
+def test_one_name_per_module_outside_the_cli() -> None:
+    """A module's name says what it is, once: two ``layout.py`` in two packages read as one thing in a traceback, a
+    search or a table (docs/architecture.md). The command modules of opsctl/cli/ are named for their verbs, so
+    ``cli/compare.py`` beside ``gate/compare.py`` is allowed."""
+    outside_cli = [p for p in sorted(PACKAGE.rglob("*.py")) if not p.is_relative_to(PACKAGE / "cli")]
+    assert shared_base_names(outside_cli) == {}, "modules outside opsctl/cli/ that share a name"
+
+
+def test_the_name_check_sees_a_shared_name() -> None:
+    found = shared_base_names([REPO / "opsctl/a/layout.py", REPO / "opsctl/b/layout.py", REPO / "opsctl/a/__init__.py"])
+    assert found == {"layout.py": ["opsctl/a/layout.py", "opsctl/b/layout.py"]}
+    assert shared_base_names([REPO / "opsctl/a/__init__.py", REPO / "opsctl/b/__init__.py"]) == {}

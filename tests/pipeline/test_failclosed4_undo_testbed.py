@@ -11,15 +11,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from opsctl import pipeline as d
 from opsctl.host.history import HistoryEvent
 from opsctl.inventory import HostConfig, Inventory
 from opsctl.ssh import connect
 from opsctl.testbed import Testbed, reset_host
 from tests.cli.test_first_hour_cli import opsctl
-from tests.pipeline.test_testbed_deploy import ensure_good, fast, state
+from tests.pipeline.test_testbed_deploy import ensure_good, state
 from tests.pipeline.test_testbed_unit_state import without_probe
 
 
@@ -54,21 +52,6 @@ def assert_never_good_and_bad(testbed: Inventory, name: str) -> tuple[list[dict[
     doc = status[0] if isinstance(status, list) else status
     assert doc["last_good"] is None or doc["last_good"] not in doc["bad"], doc
     return rows, doc
-
-
-@pytest.fixture
-def tb1(testbed: Inventory) -> HostConfig:
-    return fast(testbed.host("tb1"))
-
-
-@pytest.fixture
-def tb2(testbed: Inventory) -> HostConfig:
-    return fast(testbed.host("tb2"))
-
-
-@pytest.fixture
-def local(testbed: Inventory) -> HostConfig:
-    return fast(testbed.host("local"))
 
 
 # ------------------------------------------------------------------------------------------------ items 2 and 7

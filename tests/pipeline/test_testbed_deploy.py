@@ -23,7 +23,7 @@ from opsctl.errors import DeployFailed, LockHeld, SshError
 from opsctl.gate.lines import ParityLine, parse_line
 from opsctl.host import history as host_history
 from opsctl.host import releaseroot
-from opsctl.inventory import HostConfig, Inventory
+from opsctl.inventory import HostConfig
 from opsctl.release import make_manifest
 from opsctl.ssh import connect
 from opsctl.testbed import Testbed, reset_host
@@ -113,21 +113,6 @@ def ensure_good(host: HostConfig, tree: Path, rid: str) -> None:
     reset_host(host)
     res = d.deploy(host, tree, d.DeployOptions())
     assert res.verdict == "PASS", res.line()
-
-
-@pytest.fixture
-def tb1(testbed: Inventory) -> HostConfig:
-    return fast(testbed.host("tb1"))
-
-
-@pytest.fixture
-def tb2(testbed: Inventory) -> HostConfig:
-    return fast(testbed.host("tb2"))
-
-
-@pytest.fixture
-def local(testbed: Inventory) -> HostConfig:
-    return fast(testbed.host("local"))
 
 
 # ------------------------------------------------------------------------------------------------ good path

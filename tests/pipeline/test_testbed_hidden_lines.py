@@ -15,11 +15,7 @@ from opsctl.inventory import HostConfig
 from opsctl.release import make_manifest
 from opsctl.testbed import variants
 from tests.pipeline import trees
-from tests.pipeline.test_testbed_deploy import (  # noqa: F401 (fixtures)
-    assert_healthy,
-    ensure_good,
-    tb1,
-)
+from tests.pipeline.test_testbed_deploy import assert_healthy, ensure_good
 
 
 @pytest.mark.parametrize(
@@ -33,7 +29,7 @@ from tests.pipeline.test_testbed_deploy import (  # noqa: F401 (fixtures)
 def test_a_hidden_failing_line_fails_the_gate_and_rolls_back(
     make: object,
     why: str,
-    tb1: HostConfig,  # noqa: F811 (the fixture imported above)
+    tb1: HostConfig,  # tests/pipeline/conftest.py
     good_tree: Path,
     good_id: str,
     tmp_path: Path,

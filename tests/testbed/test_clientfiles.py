@@ -6,11 +6,11 @@ from pathlib import Path
 
 from opsctl.inventory import parse
 from opsctl.testbed.clientfiles import inventory_text, known_hosts_text, write_known_hosts_and_inventory
-from opsctl.testbed.layout import HostState, Layout
+from opsctl.testbed.statedir import HostState, StateDir
 
 
 def test_inventory_text_is_a_valid_inventory(tmp_path: Path) -> None:
-    tb = Layout(tmp_path / "tb", cache_dir=tmp_path / "cache", port_base=2300)
+    tb = StateDir(tmp_path / "tb", cache_dir=tmp_path / "cache", port_base=2300)
     inv = parse(inventory_text(tb, {"tb2": 2302, "local": 2300, "tb1": 2301}), "inv.yaml")
     assert list(inv.hosts) == ["local", "tb1", "tb2"]
     assert inv.groups == {"testbed": ("local", "tb1", "tb2"), "fleet": ("tb1", "tb2")}
@@ -28,7 +28,7 @@ def test_inventory_text_is_a_valid_inventory(tmp_path: Path) -> None:
     assert len({h.service.port for h in inv.hosts.values()}) == 3  # one service port per host: shared network
 
 
-def _provisioned(tb: Layout, name: str, port: int, key: str) -> None:
+def _provisioned(tb: StateDir, name: str, port: int, key: str) -> None:
     """A host directory as hostdir.provision leaves it, as far as these files care: state and host key."""
     ssh = tb.host_dir(name) / "upper/etc/ssh"
     ssh.mkdir(parents=True)
@@ -37,7 +37,7 @@ def _provisioned(tb: Layout, name: str, port: int, key: str) -> None:
 
 
 def test_known_hosts_pins_each_host_key_to_its_port(tmp_path: Path) -> None:
-    tb = Layout(tmp_path / "tb", cache_dir=tmp_path / "cache", port_base=2300)
+    tb = StateDir(tmp_path / "tb", cache_dir=tmp_path / "cache", port_base=2300)
     _provisioned(tb, "tb1", 2301, "AAAAkeyOfTb1")
     _provisioned(tb, "local", 2300, "AAAAkeyOfLocal")
     assert known_hosts_text(tb) == (

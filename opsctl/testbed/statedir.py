@@ -58,7 +58,7 @@ class HostState:
     base: str | None = None  # the cached rootfs below this host's overlay
 
 
-class Layout:
+class StateDir:
     """One testbed's directories, names and recorded state: a state directory, a rootfs cache, a port range."""
 
     def __init__(

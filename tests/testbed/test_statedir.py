@@ -1,4 +1,4 @@
-"""opsctl/testbed/layout.py: host names, machine names, where a testbed keeps things, and its state files."""
+"""opsctl/testbed/statedir.py: host names, machine names, where a testbed keeps things, and its state files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from opsctl import errors
-from opsctl.testbed.layout import HostState, Layout, host_index, host_names
+from opsctl.testbed.statedir import HostState, StateDir, host_index, host_names
 
 
 def test_host_names_and_indices() -> None:
@@ -17,12 +17,12 @@ def test_host_names_and_indices() -> None:
 
 
 def test_machine_names_differ_between_testbeds(tmp_path: Path) -> None:
-    a, b = Layout(tmp_path / "a"), Layout(tmp_path / "b")
+    a, b = StateDir(tmp_path / "a"), StateDir(tmp_path / "b")
     assert a.machine("tb1") != b.machine("tb1") and a.machine("tb1").startswith("kdtb-")
 
 
 def test_state_round_trip_and_provisioned_order(tmp_path: Path) -> None:
-    tb = Layout(tmp_path / "tb", cache_dir=tmp_path / "cache", port_base=2300)
+    tb = StateDir(tmp_path / "tb", cache_dir=tmp_path / "cache", port_base=2300)
     for name in ("tb10", "local", "tb2"):
         tb.host_dir(name).mkdir(parents=True)
         tb.save_state(HostState(name=name, port=2300 + host_index(name), machine=tb.machine(name)))
@@ -32,7 +32,7 @@ def test_state_round_trip_and_provisioned_order(tmp_path: Path) -> None:
 
 
 def test_state_of_a_host_never_provisioned_says_what_to_run(tmp_path: Path) -> None:
-    tb = Layout(tmp_path / "tb", cache_dir=tmp_path / "cache")
+    tb = StateDir(tmp_path / "tb", cache_dir=tmp_path / "cache")
     with pytest.raises(errors.TestbedError, match="run `opsctl testbed up`"):
         tb.state("tb1")
     with pytest.raises(errors.TestbedError, match="no testbed at"):
@@ -40,7 +40,7 @@ def test_state_of_a_host_never_provisioned_says_what_to_run(tmp_path: Path) -> N
 
 
 def test_recorded_port_base_wins_over_the_asked_one(tmp_path: Path) -> None:
-    assert Layout(tmp_path / "tb", port_base=2300).port_base == 2300
+    assert StateDir(tmp_path / "tb", port_base=2300).port_base == 2300
     (tmp_path / "tb").mkdir()
-    Layout(tmp_path / "tb").port_base_file.write_text("2450\n")  # moved past busy ports at the first up
-    assert Layout(tmp_path / "tb", port_base=2300).port_base == 2450
+    StateDir(tmp_path / "tb").port_base_file.write_text("2450\n")  # moved past busy ports at the first up
+    assert StateDir(tmp_path / "tb", port_base=2300).port_base == 2450
