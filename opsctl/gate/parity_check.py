@@ -147,9 +147,9 @@ class _Checker:
         counted by its verdict alone (``verdicts.line_verdict``, the rule ``GateState.feed`` applies), without a
         ParityLine. Most lines of a long journal come here. False: the full path must take it."""
         message = entry.message
-        if MARKER not in message or entry.unreadable or entry.line_break:
+        if entry.unreadable or entry.line_break:
             return False
-        fields = fast_fields(message, entry.prefixed)
+        fields = fast_fields(message, entry.prefixed)  # (None for a line without the marker)
         if fields is None:
             return False
         token = fields.token

@@ -14,6 +14,9 @@ from .verdicts import Judgement, LineVerdict, Verdict, json_float, line_reason
 MAX_LISTED = 1000  # counted lines listed per invocation (the rest only counted)
 MAX_LISTED_IGNORED = 5  # ignored lines listed per invocation
 MAX_LISTED_LATE = 5  # failing lines after the decision listed per invocation
+# The members :meth:`Invocation.count_quietly` asks about, read once (in Python 3.11 ``Verdict.PENDING`` is a
+# descriptor call, 150 ns, and it runs for most lines of a long journal).
+_IGNORED, _FAIL, _PENDING = LineVerdict.IGNORED, LineVerdict.FAIL, Verdict.PENDING
 
 
 @dataclass(frozen=True)
@@ -99,12 +102,12 @@ class Invocation:
         """Count a well-formed parity line by its verdict alone, when it changes nothing but the counts and will not
         be listed: one after the gate decided, or one the gate ignores once the ignored lines listed are full.
         False: it must take the full path (it is listed, or it counts towards the decision)."""
-        if verdict is LineVerdict.IGNORED:
+        if verdict is _IGNORED:
             if self._ignored_listed < MAX_LISTED_IGNORED:
                 return False  # listed: the full path gives its reason
             self.state.count_ignored()
             self.ignored += 1
-        elif verdict is LineVerdict.FAIL or self.state.verdict is Verdict.PENDING:
+        elif verdict is _FAIL or self.state.verdict is _PENDING:
             return False  # a FAIL is listed, with its reason; before the decision a line counts
         else:
             self.late[verdict] += 1

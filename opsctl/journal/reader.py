@@ -16,6 +16,7 @@ import json.scanner
 import re
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
+from itertools import chain
 from typing import Any
 
 from kdtree_backend.wire import MARKER
@@ -108,17 +109,20 @@ class JournalReader:
     def read(self, blocks: Iterable[bytes]) -> Iterator[Entry]:
         """The input, in blocks of any size, as entries: in text, only the lines that matter (those holding the
         marker, and restart boundaries; the others are counted); in JSON, every entry."""
-        for chunk in complete_lines(blocks):
-            self._refuse_binary(chunk)
-            if self.format is None:
-                self._detect_in(chunk)
-            lines = chunk.decode("utf-8", "replace").split("\n")  # as the live gate decodes a byte-array MESSAGE
-            base = self.lines
-            self.lines += len(lines)
-            if self.format is InputFormat.JSON:
-                yield from self._json_entries(lines, base)
-            else:
-                yield from self._text_entries(lines, base)
+        # (chained in C: an entry passes through one generator, not two)
+        return chain.from_iterable(map(self._chunk_entries, complete_lines(blocks)))
+
+    def _chunk_entries(self, chunk: bytes) -> Iterator[Entry]:
+        """One chunk of whole lines (:func:`complete_lines`) as entries."""
+        self._refuse_binary(chunk)
+        if self.format is None:
+            self._detect_in(chunk)
+        lines = chunk.decode("utf-8", "replace").split("\n")  # as the live gate decodes a byte-array MESSAGE
+        base = self.lines
+        self.lines += len(lines)
+        if self.format is InputFormat.JSON:
+            return self._json_entries(lines, base)
+        return self._text_entries(lines, base)
 
     def _refuse_binary(self, chunk: bytes) -> None:
         nul = chunk.find(b"\x00")
@@ -142,9 +146,10 @@ class JournalReader:
         if self.prefixed is None:
             self._detect_prefix(lines)
         prefixed = bool(self.prefixed)
+        marker, make = MARKER, make_entry  # (locals: read for every line)
         for number, line in enumerate(lines, base + 1):
-            if MARKER in line:
-                yield Entry(number, line, "", False, False, prefixed)
+            if marker in line:  # (most lines of a long journal: _make takes the fields as they are, a frame less)
+                yield make((number, line, "", False, False, prefixed, "", "", 0))
             elif (LAUNCH_START in line or "systemd[1]: Start" in line or line.startswith("-- ")) and (
                 _text_boundary(line)
             ):
@@ -224,7 +229,7 @@ class JournalReader:
         return ids == 1 and bool(current) and f'"_SYSTEMD_INVOCATION_ID":"{current}"' in line
 
     def _json_entry(self, text: str, number: int) -> Entry | None:
-        body = _json_body(text)
+        body = text if text[:1] == "{" and text[-1:] == "}" else _json_body(text)  # (-o json: as it is, no copy)
         if not body:
             return None
         doc = _json_object(body)
@@ -242,22 +247,18 @@ class JournalReader:
         invocation = doc.get("_SYSTEMD_INVOCATION_ID") or doc.get("invocation") or ""
         if type(invocation) is not str:
             invocation = str(invocation)
-        boundary = self._new_invocation(invocation) or _starts_the_unit(doc, message)
+        current = self._invocation
+        boundary = bool(invocation and current and invocation != current)  # another invocation than the last seen
+        if invocation:
+            self._invocation = invocation
+        if not boundary and (LAUNCH_START in message or message.startswith(("Starting ", "Started "))):
+            boundary = _starts_the_unit(doc, message)
         split = line_break(doc) if "_LINE_BREAK" in doc else ""
-        return Entry(number, message, invocation, boundary, False, False, split)
-
-    def _new_invocation(self, invocation: str) -> bool:
-        """An entry of another invocation than the last one seen (which it becomes)."""
-        if not invocation:
-            return False
-        current, self._invocation = self._invocation, invocation
-        return bool(current) and invocation != current
+        return make_entry((number, message, invocation, boundary, False, False, split, "", 0))
 
 
 def _json_body(text: str) -> str:
-    """The JSON document of one line of -o json, json-seq (a leading RS) or json-sse (``data: ``)."""
-    if text[:1] == "{" and text[-1:] == "}":
-        return text  # journalctl -o json: nothing to strip (no copy of a 1 KB line)
+    """The JSON document of one line of json-seq (a leading RS), json-sse (``data: ``) or -o json with blanks."""
     body = text.lstrip("\x1e").strip()
     return body[6:] if body.startswith("data: ") else body
 
@@ -283,6 +284,7 @@ def _starts_the_unit(doc: dict[str, Any], message: str) -> bool:
     return False
 
 
+make_entry = Entry._make
 _SCAN = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defined]
 BLOCK_BYTES = 1 << 22  # read at a time; a line longer than this is cut (its start judged, its rest searched)
 _TOKEN_IN_TAIL = re.compile(rb"token=([A-Za-z0-9_-]{8,128})")
