@@ -49,6 +49,7 @@ from .verdicts import (
     LineVerdict,
     Traffic,
     Verdict,
+    classify,
     cut_piece,
     ignored_reason,
     is_sound,
@@ -125,6 +126,11 @@ class GateState:
     def problems(self, line: ParityLine) -> tuple[str, ...]:
         """What makes a line malformed here (``verdicts.line_problems``)."""
         return line_problems(self, line)
+
+    def judge_line(self, line: ParityLine) -> LineVerdict:
+        """One line's verdict as if the invocation printed it (malformed for this unit -> FAIL, else the thresholds;
+        never IGNORED); counts nothing."""
+        return LineVerdict.FAIL if self.problems(line) else classify(line, self.settings)
 
     def count_ignored(self) -> None:
         """Count a line the gate ignores, judged elsewhere by the same rule (the offline check's lane: most lines of
