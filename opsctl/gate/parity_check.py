@@ -152,10 +152,10 @@ class _Checker:
         fields = fast_fields(message, entry.prefixed)  # (None for a line without the marker)
         if fields is None:
             return False
-        token = fields.token
+        _layer, _max_abs_diff, _mean, rel, rank, token, _extra = fields  # (one unpacking: cheaper than 3 lookups)
         if self.given is None and (token is None or token != cur.state.token or not cur.token_fixed):
             return False  # it may start another invocation: the full path places it
-        verdict = line_verdict(cur.state, token, message, fields.rank, fields.rel)
+        verdict = line_verdict(cur.state, token, message, rank, rel)
         return cur.count_quietly(entry.number, verdict)
 
     def finish(self) -> tuple[Invocation, list[Invocation]]:
