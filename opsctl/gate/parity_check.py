@@ -160,7 +160,7 @@ class _Checker:
 
     def finish(self) -> tuple[Invocation, list[Invocation]]:
         for inv in [*self.done, self.current]:
-            inv.state.conclude(0.0)
+            inv.conclude()
         return self.current, [*self.done, self.current]
 
 

@@ -55,6 +55,7 @@ class Invocation:
     _ignored_listed: int = 0
     _late_listed: int = 0
     _counted_listed: int = 0
+    _ignored_quietly: int = 0  # ignored lines count_quietly took: the gate's state hears of them in conclude()
 
     @property
     def token(self) -> str | None:
@@ -105,7 +106,7 @@ class Invocation:
         if verdict is _IGNORED:
             if self._ignored_listed < MAX_LISTED_IGNORED:
                 return False  # listed: the full path gives its reason
-            self.state.count_ignored()
+            self._ignored_quietly += 1
             self.ignored += 1
         elif verdict is _FAIL or self.state.verdict is _PENDING:
             return False  # a FAIL is listed, with its reason; before the decision a line counts
@@ -114,6 +115,13 @@ class Invocation:
         self.last_line = number
         self.parity_lines += 1
         return True
+
+    def conclude(self) -> None:
+        """The end of the input, which stands for the deadline: the gate's state counts the lines it ignored that
+        :meth:`count_quietly` took (one call, not one a line), then decides."""
+        self.state.count_ignored(self._ignored_quietly)
+        self._ignored_quietly = 0
+        self.state.conclude(0.0)
 
     def absorb(self, other: Invocation) -> None:
         """``other`` is this one's continuation (the same token after a restart boundary: an automatic restart
