@@ -14,7 +14,9 @@ from rich.markup import escape
 from ..errors import GateFailed, UsageError
 from ..gate.decision import LineVerdict
 from ..gate.lines import TOKEN_RE as _TOKEN_RE
-from ..gate.parity_check import BLOCK_BYTES, InputFormat, JournalReader, ParityCheck, check_entries
+from ..gate.parity_check import check_entries
+from ..gate.parity_report import ParityCheck
+from ..journal.reader import BLOCK_BYTES, InputFormat, JournalReader
 from ..terminal import escaped
 from . import common
 from .parityview import verdict_style

@@ -36,69 +36,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from ..hostdata.facts import UnitObservation
+from ..journal.reader import JOURNAL_PREFIX_RE
 from ..probe.answers import FailureCause, ProbeTally, Wave
-from .lines import (
-    JOURNAL_PREFIX_RE,
-    MARKER,
-    MIN_TOKEN_PIECE,
-    ParityLine,
-    claims_token,
-    cut_token,
-    malformed_line,
-    misplaced_marker,
-    parse_line,
-    token_rest_at_start,
+from .lines import MARKER, ParityLine, malformed_line, misplaced_marker, parse_line
+from .ownership import MIN_TOKEN_PIECE, cut_token, token_rest_at_start
+from .verdicts import (
+    NO_TRAFFIC_REASON,
+    Judgement,
+    LineVerdict,
+    Traffic,
+    Verdict,
+    classify,
+    cut_piece,
+    ignored_reason,
+    is_sound,
+    json_float,
+    line_problems,
+    line_reason,
+    line_verdict,
 )
 
 if TYPE_CHECKING:
     from ..inventory import GateSettings  # annotations only: the offline commands' --help loads no pydantic
-
-
-class LineVerdict(StrEnum):
-    PASS = "PASS"
-    FAIL = "FAIL"
-    INCONCLUSIVE = "INCONCLUSIVE"
-    IGNORED = "IGNORED"
-
-
-class Verdict(StrEnum):
-    PENDING = "PENDING"
-    PASS = "PASS"
-    FAIL = "FAIL"
-    INCONCLUSIVE = "INCONCLUSIVE"
-    NODATA = "NODATA"
-    ERROR = "ERROR"
-    UNPROVEN = "UNPROVEN"
-
-    @property
-    def ok(self) -> bool:
-        return self is Verdict.PASS
-
-
-class Traffic(StrEnum):
-    """What makes the unit print parity lines while the gate watches."""
-
-    SELF = "self"  # the replay service prints on a timer: no line by the deadline means it is broken (NODATA)
-    PROBE = "probe"  # the gate's own probe requests (gate.probe): readiness and the waves are evidence too
-    NONE = "none"  # only whatever traffic the host gets: no line at all by the deadline is UNPROVEN
-
-
-NO_TRAFFIC_REASON = "no verify traffic; enable gate.probe or deploy under load"
-
-
-def classify(line: ParityLine, settings: GateSettings) -> LineVerdict:
-    """One parity line -> PASS / FAIL / INCONCLUSIVE. A malformed line or anything not finite fails."""
-    if line.problems or not line.finite or line.rel < 0:
-        return LineVerdict.FAIL
-    if line.rel >= settings.fail_rel:
-        return LineVerdict.FAIL
-    if line.rel <= settings.pass_rel:
-        return LineVerdict.PASS
-    return LineVerdict.INCONCLUSIVE
 
 
 @dataclass
@@ -159,61 +121,31 @@ class GateState:
 
     def ignored_reason(self, line: ParityLine) -> str | None:
         """Why this line is not evidence at all (None when it is): a missing or foreign token."""
-        if self.token is None:
-            return None
-        if line.carries(self.token):
-            return None
-        if line.token is None:
-            return "no token= (not printed by the watched invocation)"
-        return "wrong token= (not printed by the watched invocation)"
+        return ignored_reason(self, line)
 
     def problems(self, line: ParityLine) -> tuple[str, ...]:
-        """What makes a line malformed here: its own problems, a rank outside the unit's TP size, and the
-        invocation's token inside a line whose ``token=`` is not it."""
-        out = line.problems
-        if self.expected_ranks is not None and line.rank is not None and line.rank >= self.expected_ranks:
-            out = (*out, f"tp={line.rank} outside the unit's {self.expected_ranks} TP ranks")
-        own = self.token
-        if own is not None and line.token != own and not line.hidden:
-            if own in line.raw:
-                out = (*out, "the invocation's token is in the line but its token= is not the invocation's")
-            elif (piece := _cut_piece(own, line)) is not None:
-                out = (
-                    *out,
-                    f"its token= is cut short ({len(piece)} of the invocation's {len(own)} characters): a line "
-                    "journald split inside its token, or one truncated there",
-                )
-        return out
-
-    def well_formed_verdict(self, rank: int, rel: float, token: str | None, raw: str) -> LineVerdict:
-        """:meth:`feed`'s verdict on a well-formed parity line (``lines.fast_fields``), without the line: what a
-        long journal's lines after the decision need, and all they need. Counts nothing."""
-        own = self.token
-        if own is not None and token != own:
-            return LineVerdict.FAIL if claims_token(own, token, raw) else LineVerdict.IGNORED
-        if self.expected_ranks is not None and rank >= self.expected_ranks:
-            return LineVerdict.FAIL
-        s = self.settings
-        if rel >= s.fail_rel:
-            return LineVerdict.FAIL
-        return LineVerdict.PASS if rel <= s.pass_rel else LineVerdict.INCONCLUSIVE
+        """What makes a line malformed here (``verdicts.line_problems``)."""
+        return line_problems(self, line)
 
     def judge_line(self, line: ParityLine) -> LineVerdict:
-        """One line's verdict here (malformed for this unit -> FAIL, else the thresholds); counts nothing."""
+        """One line's verdict as if the invocation printed it (malformed for this unit -> FAIL, else the thresholds;
+        never IGNORED); counts nothing."""
         return LineVerdict.FAIL if self.problems(line) else classify(line, self.settings)
+
+    def count_ignored(self, lines: int) -> None:
+        """Count lines the gate ignores, judged elsewhere by the same rule (the offline check's lane)."""
+        self.counts[LineVerdict.IGNORED] += lines
 
     def feed(self, line: ParityLine, now: float) -> LineVerdict:
         """Count one parity line (in journal order). Lines after the decision are classified but change nothing."""
         token = self.token
-        # ignored_reason(line) is not None, and judge_line(line), inlined: this runs for every line of a journal.
+        lv = line_verdict(self, line.token, line.raw, line.rank, line.rel, sound=is_sound(line), hidden=line.hidden)
+        if lv is LineVerdict.IGNORED:
+            self.counts[LineVerdict.IGNORED] += 1
+            return lv
         if token is not None and line.token != token and not line.hidden:
-            if not claims_token(token, line.token, line.raw):
-                self.counts[LineVerdict.IGNORED] += 1
-                return LineVerdict.IGNORED
-            if (piece := _cut_piece(token, line)) is not None:
+            if (piece := cut_piece(token, line.token, line.raw)) is not None:
                 self.cut_rests.add(token[len(piece) :])
-        problems = self.problems(line)
-        lv = LineVerdict.FAIL if problems else classify(line, self.settings)
         if self.verdict is not Verdict.PENDING:
             return lv
         self.counts[lv] += 1
@@ -223,7 +155,7 @@ class GateState:
         where = line.where
         if lv is LineVerdict.FAIL:
             self.streaks[line.rank] = 0
-            if problems:
+            if problems := self.problems(line):
                 reason = f"malformed parity line {where}: {'; '.join(problems)}"
             elif math.isfinite(line.rel):
                 reason = f"parity {where} rel={line.rel:.4g} >= fail threshold {self.settings.fail_rel:g}"
@@ -425,40 +357,6 @@ class GateState:
         return doc
 
 
-@dataclass(frozen=True)
-class Judgement:
-    """What the gate made of one journal message that is, or pretends to be, a parity line."""
-
-    verdict: LineVerdict
-    reason: str
-    raw: str
-    line: ParityLine | None = None  # None: the marker was inside another message
-    after_decision: bool = False  # judged, but the gate had decided already (a deploy would have stopped reading)
-
-
-def line_reason(state: GateState, line: ParityLine, verdict: LineVerdict) -> str:
-    """Why one line got its verdict, in words a reader can check against the thresholds."""
-    s = state.settings
-    if verdict is LineVerdict.IGNORED:
-        return state.ignored_reason(line) or "ignored"
-    problems = state.problems(line)
-    if problems:
-        return "malformed: " + "; ".join(problems)
-    if verdict is LineVerdict.FAIL:
-        return f"rel {line.rel:.4g} >= fail threshold {s.fail_rel:g}"
-    if verdict is LineVerdict.INCONCLUSIVE:
-        return f"{s.pass_rel:g} < rel {line.rel:.4g} < {s.fail_rel:g}: neither pass nor fail, breaks the streak"
-    return f"rel {line.rel:.4g} <= {s.pass_rel:g}"
-
-
-def _cut_piece(own: str, line: ParityLine) -> str | None:
-    """The strict prefix of ``own`` a line's token was cut to (its ``token=`` value, or the text its message ends
-    with after ``token=``), or None."""
-    if line.token is not None and line.token != own and own.startswith(line.token):
-        return line.token
-    return cut_token(line.raw, own)
-
-
 def split_piece_claimed(state: GateState, message: str) -> bool:
     """Whether a piece of a message journald split (``_LINE_BREAK`` set) may be a parity line of the invocation:
     it holds the marker, ``token=``, the token, or a piece of it at either edge. The backend's lines are far
@@ -533,9 +431,3 @@ def judge_record(state: GateState, rec: ParityLine, now: float) -> Judgement:
 def _badness(rel: float) -> float:
     """NaN is the worst value of all (it fails the gate)."""
     return math.inf if math.isnan(rel) else rel
-
-
-def json_float(x: float) -> float | str:
-    """A number for JSON: NaN and the infinities, which JSON cannot carry, as their names ("nan", "inf", "-inf").
-    The one place every opsctl JSON document (gate summaries, parity check, the CLI's --json) turns them."""
-    return x if math.isfinite(x) else str(x)

@@ -29,8 +29,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from kdtree_backend.wire import LEFT_OUT, MARKER, PARITY_VALUE_MAX, TOKEN_RE
+
+from ..journal.reader import JOURNAL_PREFIX
+from .ownership import claims_token, token_field
+from .shapes import ShapesLine, int_text, tuple_text
 
 # The longest marked message accepted (the marker and everything after it). The backend's lines are under 400
 # characters; journald cuts stdout lines at LineMax (48K by default) into several entries, so a longer marked
@@ -38,23 +43,12 @@ from kdtree_backend.wire import LEFT_OUT, MARKER, PARITY_VALUE_MAX, TOKEN_RE
 MAX_MESSAGE_CHARS = 4096
 UNKNOWN_LAYER = -1  # the layer of a marked line whose head is not ``L<n>``
 
-# journalctl -o short / short-precise / short-iso / short-iso-precise / short-full / short-unix / short-monotonic /
-# short-delta / with-unit: "<time> <host> <ident>[<pid>]: ". re.ASCII: [0-9] and \d never match other digits.
-_TIMESTAMP = (
-    r"(?:[A-Z][a-z]{2} [ 0-9][0-9] [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?"  # short, short-precise
-    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]+)?(?:Z|[+-][0-9]{2}:?[0-9]{2})?"  # iso
-    r"|[A-Z][a-z]{2} [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)? [A-Za-z0-9+-]{1,8}"  # full
-    r"|[0-9]{1,12}\.[0-9]{1,9}"  # short-unix
-    r"|\[ *[0-9]{1,12}\.[0-9]{1,9}(?: <[ 0-9]*\.[0-9]+>)?\])"  # short-monotonic, short-delta
-)
-_JOURNAL_PREFIX = rf"{_TIMESTAMP} \S+ [^\s\[\]:]+(?:\[[0-9]+\])?: "
 # SGLang's logger: "[2026-05-31 13:04:12 TP3] ", "[2026-05-31 13:04:12 DP0 TP7 EP7] ".
 _SGLANG_PREFIX = (
     r"\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]+)?(?P<parts>(?: [A-Z]{2,4}[0-9]{1,4})*)\] "
 )
 _MARKER_RE = re.compile(rf"(?:{_SGLANG_PREFIX})?{re.escape(MARKER)}", re.ASCII)
-_JOURNAL_MARKER_RE = re.compile(rf"{_JOURNAL_PREFIX}(?:{_SGLANG_PREFIX})?{re.escape(MARKER)}", re.ASCII)
-JOURNAL_PREFIX_RE = re.compile(_JOURNAL_PREFIX, re.ASCII)  # a line of journalctl's short* output starts so
+_JOURNAL_MARKER_RE = re.compile(rf"{JOURNAL_PREFIX}(?:{_SGLANG_PREFIX})?{re.escape(MARKER)}", re.ASCII)
 _RANK_PART_RE = re.compile(r"\bTP([0-9]{1,4})\b", re.ASCII)
 
 # The values, exactly as the backend prints them: ASCII digits, no sign (but the exponent's), no "_".
@@ -64,16 +58,7 @@ _KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _NUMBER_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?", re.ASCII)
 _LAYER_RE = re.compile(r"L(0|[1-9][0-9]{0,5})", re.ASCII)
 _RANK_RE = re.compile(r"0|[1-9][0-9]{0,3}", re.ASCII)
-_INT_RE = re.compile(r"0|[1-9][0-9]{0,17}", re.ASCII)
-_TUPLE_RE = re.compile(r"\((?:(?:0|[1-9][0-9]{0,17}),(?: (?:0|[1-9][0-9]{0,17}),)*(?: (?:0|[1-9][0-9]{0,17}))?)?\)")
 _WORD_RE = re.compile(r"[!-~]+", re.ASCII)  # any other value: printable ASCII, no space
-_LOOSE_TOKEN_RE = re.compile(r"(?<![A-Za-z0-9_])token=([A-Za-z0-9_-]+)", re.ASCII)
-# A message that ends inside its ``token=`` value (or right after the ``=``): what is left of a line journald cut at
-# LineMax, or a line truncated anywhere else. Looked for in the message's last characters only.
-_TAIL_CHARS = len("token=") + 128
-# The shortest piece of a token that, found alone at a message's edge, is taken for a piece of it: 8 of a token's
-# characters (hex: 32 bits) at the start of an unrelated message happen about once in four billion.
-MIN_TOKEN_PIECE = 8
 
 # The common case in one anchored match: a well-formed parity line in the backend's field order. Anything this
 # does not take (or whose values it finds not finite, its extras duplicated, its rank at odds with the prefix) goes
@@ -85,10 +70,7 @@ _FAST_PARITY_BODY = (
     r"(?: token=(?P<token>[A-Za-z0-9_-]{8,128}))?(?P<extra>(?: [A-Za-z_][A-Za-z0-9_]*=[!-~]+)*)"
 )
 _FAST_PARITY_RE = re.compile(_FAST_PARITY_BODY, re.ASCII)
-_FAST_JOURNAL_PARITY_RE = re.compile(_JOURNAL_PREFIX + _FAST_PARITY_BODY, re.ASCII)
-# What journalctl writes without --all for a message it will not print: "[76B blob data]", "[5.0K blob data]".
-_BLOB_RE = re.compile(r"\[[0-9]+(?:\.[0-9])?[BKMGTPE] blob data\]", re.ASCII)
-
+_FAST_JOURNAL_PARITY_RE = re.compile(JOURNAL_PREFIX + _FAST_PARITY_BODY, re.ASCII)
 PARITY_KEYS = ("max_abs_diff", "mean", "rel")
 RANK_KEY = "tp"
 TOKEN_KEY = "token"
@@ -100,120 +82,6 @@ FALLBACK_KEYS = ("reason",)
 
 def _number_ok(text: str) -> bool:
     return _NUMBER_RE.fullmatch(text) is not None
-
-
-def _tuple_text(text: str) -> tuple[int, ...] | None:
-    if _TUPLE_RE.fullmatch(text) is None:
-        return None
-    return tuple(int(x) for x in text[1:-1].split(",") if x.strip())
-
-
-@dataclass(frozen=True)
-class ShapesLine:
-    """``[kdtree] shapes ...``: the verify metadata the backend saw (well formed). Values kept as text."""
-
-    fields: dict[str, str]
-    rank: int | None = None
-    raw: str = ""
-
-    def tuple_of(self, key: str) -> tuple[int, ...] | None:
-        value = self.fields.get(key)
-        return None if value is None else _tuple_text(value)
-
-    def int_of(self, key: str) -> int | None:
-        value = self.fields.get(key)
-        return int(value) if value is not None and _INT_RE.fullmatch(value) else None
-
-    def decode(self) -> ShapesSummary:
-        """What the numbers mean for a reader, plus the classic-bug check (:func:`key_mask_warning`)."""
-        q = self.tuple_of("q")
-        kv_buf = self.tuple_of("kv_buf")
-        mask = self.tuple_of("mask")
-        bs, q_len, kv_len_max = self.int_of("bs"), self.int_of("q_len"), self.int_of("kv_len_max")
-        tokens, heads, head_dim = (*q, None, None, None)[:3] if q else (None, None, None)
-        mask_numel = mask[0] if mask and len(mask) == 1 else None
-        mask_row = mask_numel // tokens if mask_numel is not None and tokens and mask_numel % tokens == 0 else None
-        return ShapesSummary(
-            rank=self.rank,
-            tokens=tokens,
-            heads=heads,
-            head_dim=head_dim,
-            pool_rows=kv_buf[0] if kv_buf else None,
-            bs=bs,
-            q_len=q_len,
-            kv_len_max=kv_len_max,
-            mask_row=mask_row,
-            scale=self.fields.get("scale"),
-            warning=key_mask_warning(bs=bs, q_len=q_len, kv_len_max=kv_len_max, mask_numel=mask_numel, tokens=tokens),
-        )
-
-
-def key_mask_warning(
-    *, bs: int | None, q_len: int | None, kv_len_max: int | None, mask_numel: int | None, tokens: int | None
-) -> str | None:
-    """What a shapes line proves about its keys and mask, for every batch size (docs/lines.md).
-
-    With correct keys, request i has ``L_i = prefix_i + q_len`` keys, ``kv_len_max = max L_i`` and the mask holds
-    ``q_len * sum L_i`` entries. Every ``L_i`` is between ``q_len`` and ``kv_len_max``, so ``sum L_i`` must lie in
-    ``[kv_len_max + (bs-1)*q_len, bs*kv_len_max]``. A mask above that range proves the key lists are shorter than
-    the mask rows; when the mask also fits ``kv_len_max + q_len`` as the longest row, that is the classic bug (the
-    drafts left out of the keys, ``kv_len_max`` counting the prefix only). A mask below it proves the rows
-    shorter than the keys. Inside the range the line cannot tell (see docs/lines.md). None: nothing proven."""
-    if bs is None or q_len is None or kv_len_max is None or mask_numel is None or bs < 1 or q_len < 1:
-        return None
-    if tokens is not None and tokens != bs * q_len:
-        return f"q holds {tokens} query tokens but bs={bs} x q_len={q_len} = {bs * q_len}"
-    if mask_numel % q_len:
-        return f"mask of {mask_numel} entries is not q_len={q_len} rows per request"
-    keys_by_mask = mask_numel // q_len  # sum over requests of the mask row length
-    most, least = bs * kv_len_max, kv_len_max + (bs - 1) * q_len
-    per = "" if bs == 1 else " (summed over requests)"
-    if keys_by_mask > most:
-        shown = f"mask rows hold {keys_by_mask} keys{per} but kv_len_max={kv_len_max} allows at most {most}"
-        fits_classic = bs * (kv_len_max + q_len) >= keys_by_mask >= kv_len_max + q_len + (bs - 1) * q_len
-        return f"{shown}: " + (
-            "draft tokens missing from the keys (classic marshaling bug)"
-            if fits_classic
-            else "key/mask length mismatch"
-        )
-    if keys_by_mask < least:
-        return (
-            f"mask rows hold {keys_by_mask} keys{per} but kv_len_max={kv_len_max} needs at least {least}: "
-            "key/mask length mismatch"
-        )
-    return None
-
-
-@dataclass(frozen=True)
-class ShapesSummary:
-    rank: int | None
-    tokens: int | None
-    heads: int | None
-    head_dim: int | None
-    pool_rows: int | None
-    bs: int | None
-    q_len: int | None
-    kv_len_max: int | None
-    mask_row: int | None
-    scale: str | None
-    warning: str | None
-
-    def text(self) -> str:
-        parts = []
-        if self.tokens is not None:
-            parts.append(f"{self.tokens} query tokens x {self.heads} heads x {self.head_dim}")
-        if self.bs is not None and self.q_len is not None:
-            parts.append(f"{self.bs} request(s) x {self.q_len} draft tokens")
-        if self.kv_len_max is not None:
-            parts.append(f"keys per request <= {self.kv_len_max}")
-        if self.mask_row is not None:
-            # One request: the row length (prefix + drafts). Several: their mean (rows differ per request).
-            parts.append(f"mask row {self.mask_row}" if self.bs == 1 else f"mean mask row {self.mask_row}")
-        if self.pool_rows is not None:
-            parts.append(f"KV pool {self.pool_rows} rows")
-        if self.scale is not None:
-            parts.append(f"scale {self.scale}")
-        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -269,55 +137,6 @@ class FallbackLine:
 
 
 KdtreeLine = ShapesLine | FallbackLine | ParityLine
-
-
-def claims_token(own: str, token: str | None, raw: str) -> bool:
-    """The one rule of whose a line is: the invocation holding ``own`` printed a line whose ``token=`` is ``own``,
-    or that holds ``own`` anywhere (only a process that read the root-only token file can write it, so any sign of
-    the token makes the line the invocation's own; the gate fails it unless it is well formed with that
-    ``token=``), or whose token was cut short (:func:`cut_token`: a strict prefix of ``own``, a line journald
-    split inside its token or one truncated there). ``token``: the line's ``token=`` value (None: none)."""
-    if token == own:
-        return True
-    if not own:
-        return False
-    if token is not None and own.startswith(token):
-        return True
-    return own in raw or cut_token(raw, own) is not None
-
-
-def cut_token(raw: str, own: str) -> str | None:
-    """The piece of ``own`` a message ends with when it ends inside its ``token=`` value: a strict prefix of
-    ``own``, empty when the message ends right after ``token=``. None when the message does not end so."""
-    at = raw.rfind("token=", max(0, len(raw) - _TAIL_CHARS))
-    if at < 0:
-        return None
-    piece = raw[at + 6 :]
-    # (most lines end with a whole token, their own or another run's: the length alone says no)
-    if len(piece) >= len(own) or not own.startswith(piece):
-        return None
-    before = raw[at - 1] if at else " "
-    return None if before.isalnum() or before == "_" else piece
-
-
-def token_rest_at_start(message: str, own: str, rests: frozenset[str] | set[str] = frozenset()) -> str | None:
-    """The rest of ``own`` that ``message`` begins with: one of ``rests`` (what earlier cut-short lines left of the
-    token), or any piece of the token's end of at least :data:`MIN_TOKEN_PIECE` characters. That is the second
-    piece of a line journald split inside its token (or a forgery of one). None: it does not begin so."""
-    for rest in rests:
-        if rest and message.startswith(rest):
-            return rest
-    if len(own) < MIN_TOKEN_PIECE:
-        return None
-    head = message[: len(own)]
-    end = own[-MIN_TOKEN_PIECE:]
-    at = head.find(end)
-    while at >= 0:
-        k = at + MIN_TOKEN_PIECE
-        if own.endswith(head[:k]):
-            return head[:k]
-        at = head.find(end, at + 1)
-    return None
 
 
 def _prefix_rank(parts: str | None) -> int | None:
@@ -387,22 +206,6 @@ def malformed_line(raw: str, problem: str, *, anyones: bool = False) -> ParityLi
     return replace(line, hidden=True) if anyones else line
 
 
-def loose_token(text: str) -> str | None:
-    """The first ``token=<t>`` in any text (a message the marker does not start), when ``t`` is a token's form."""
-    m = _LOOSE_TOKEN_RE.search(text)
-    return m.group(1) if m and TOKEN_RE.fullmatch(m.group(1)) else None
-
-
-def left_out_message(detail: str) -> str:
-    """The message a reader hands on for one journalctl did not print (``detail``: what it printed instead)."""
-    return f"{LEFT_OUT}: {detail}"
-
-
-def is_blob_placeholder(message: str) -> bool:
-    """journalctl's ``[N blob data]``, written for a message it will not print without ``--all``."""
-    return _BLOB_RE.fullmatch(message) is not None
-
-
 def _left_out_line(raw: str) -> ParityLine:
     nan = math.nan
     problem = f"journalctl left the message out ({raw[len(LEFT_OUT) + 2 :][:80]}): read the journal with --all (-a)"
@@ -411,8 +214,7 @@ def _left_out_line(raw: str) -> ParityLine:
 
 def _malformed(raw: str, rank: int | None, problems: list[str], token: str | None = None) -> ParityLine:
     if token is None:
-        loose = _LOOSE_TOKEN_RE.search(raw)
-        token = loose.group(1) if loose else None
+        token = token_field(raw)
     nan = math.nan
     return ParityLine(UNKNOWN_LAYER, nan, nan, nan, rank=rank, raw=raw, token=token, problems=tuple(problems))
 
@@ -439,17 +241,8 @@ def _parse_full(raw: str, journal_prefix: bool = False) -> KdtreeLine | None:
     start = m.end() - len(MARKER)
     if len(raw) - start > MAX_MESSAGE_CHARS:
         return _malformed(raw, prefix_rank, [f"longer than {MAX_MESSAGE_CHARS} characters"])
-    body = raw[m.end() :]
     problems: list[str] = []
-    if not (body.isascii() and body.isprintable()):
-        bad = next(c for c in body if not (c.isascii() and c.isprintable()))
-        problems.append(f"character {bad!r} (only printable ASCII and single spaces)")
-    if not body.startswith(" "):
-        problems.append("no space after the marker")
-    words = body[1:].split(" ") if body.startswith(" ") else body.split(" ")
-    if "" in words:
-        problems.append("not single spaces between the fields")
-        words = [w for w in words if w]
+    words = _words(raw[m.end() :], problems)
     if not words:
         return _malformed(raw, prefix_rank, [*problems, "nothing after the marker"])
     head, rest = words[0], words[1:]
@@ -466,13 +259,44 @@ def _parse_full(raw: str, journal_prefix: bool = False) -> KdtreeLine | None:
     return _parity(raw, prefix_rank, int(layer.group(1)), fields, problems)
 
 
+def _words(body: str, problems: list[str]) -> list[str]:
+    """What follows the marker, as words; what is wrong with its characters or spacing goes to ``problems``."""
+    if not (body.isascii() and body.isprintable()):
+        bad = next(c for c in body if not (c.isascii() and c.isprintable()))
+        problems.append(f"character {bad!r} (only printable ASCII and single spaces)")
+    if not body.startswith(" "):
+        problems.append("no space after the marker")
+    words = body[1:].split(" ") if body.startswith(" ") else body.split(" ")
+    if "" in words:
+        problems.append("not single spaces between the fields")
+        words = [w for w in words if w]
+    return words
+
+
 _KNOWN_PARITY_KEYS = frozenset((*PARITY_KEYS, RANK_KEY, TOKEN_KEY))
 _EXTRA_KEY_RE = re.compile(r" ([A-Za-z_][A-Za-z0-9_]*)=", re.ASCII)
 
 
-def fast_fields(raw: str, journal_prefix: bool = False) -> tuple[str, float, float, float, int, str | None, str] | None:
-    """A well-formed parity line in the backend's field order -> (layer, max_abs_diff, mean, rel, rank, token,
-    extra text), or None (then the full parse decides). What :func:`parse_line` makes a well-formed ParityLine of,
+class ParityFields(NamedTuple):
+    """A well-formed parity line's values (:func:`fast_fields`), without a :class:`ParityLine`."""
+
+    layer: str
+    max_abs_diff: float
+    mean: float
+    rel: float
+    rank: int
+    token: str | None
+    extra: str  # the extra ``key=value`` words, as one text (each with its leading space)
+
+
+# ParityFields(...) without type.__call__ finding the NamedTuple's __new__ each time (a third of the cost of making
+# one, Python 3.11): made for most lines of a long journal.
+_new_fields = ParityFields.__new__
+
+
+def fast_fields(raw: str, journal_prefix: bool = False) -> ParityFields | None:
+    """A well-formed parity line in the backend's field order -> its values, or None (then the full parse
+    decides). What :func:`parse_line` makes a well-formed ParityLine of,
     without making it: the offline check reads most lines of a long journal only for their verdict."""
     m = (_FAST_JOURNAL_PARITY_RE if journal_prefix else _FAST_PARITY_RE).fullmatch(raw)
     if m is None or (
@@ -494,7 +318,7 @@ def fast_fields(raw: str, journal_prefix: bool = False) -> tuple[str, float, flo
         keys = _EXTRA_KEY_RE.findall(text)  # one per extra word: each starts with " key=", a value has no space
         if len(set(keys)) != len(keys) or not _KNOWN_PARITY_KEYS.isdisjoint(keys):
             return None  # a duplicated key, or a known one again: the full parse names it
-    return layer, a, mean, rel, rank, token, text
+    return _new_fields(ParityFields, layer, a, mean, rel, rank, token, text)
 
 
 def _fast_parity(raw: str, journal_prefix: bool = False) -> ParityLine | None:
@@ -572,12 +396,12 @@ def _shapes(raw: str, rank: int | None, fields: dict[str, str], problems: list[s
         if value is None:
             problems.append(f"missing {key}")
         elif key in SHAPES_TUPLE_KEYS:
-            if _tuple_text(value) is None:
+            if tuple_text(value) is None:
                 problems.append(f"garbled {key}={value[:40]}")
         elif key == "scale":
             if not _number_ok(value):
                 problems.append(f"garbled {key}={value[:40]}")
-        elif _INT_RE.fullmatch(value) is None:
+        elif int_text(value) is None:
             problems.append(f"garbled {key}={value[:40]}")
     _check_extra(fields, SHAPES_KEYS, problems)
     if problems:
@@ -598,7 +422,7 @@ def _check_extra(fields: dict[str, str], known: tuple[str, ...], problems: list[
     for k, v in fields.items():
         if k in known:
             continue
-        if _WORD_RE.fullmatch(v) is None and _tuple_text(v) is None:
+        if _WORD_RE.fullmatch(v) is None and tuple_text(v) is None:
             problems.append(f"garbled {k}={v[:40]}")
 
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from ..hostdata.facts import UnitObservation
 from . import query
-from .query import Entry, Mark, parse_poll
+from .entry import Entry
+from .query import Mark, parse_poll
 
 
 @dataclass

@@ -15,10 +15,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from kdtree_backend.wire import LEFT_OUT, MARKER
+from kdtree_backend.wire import MARKER
 
 from ..hostdata.facts import UnitObservation, parse_systemctl_show, unit_show_command
 from ..unit.systemctl import service
+from .entry import Entry, left_out_message
 
 SEPARATOR = "--- opsctl journal ---"
 # _LINE_BREAK: set by journald on a message it cut (at LineMax, 48K by default; at EOF, a PID change or a NUL):
@@ -78,15 +79,6 @@ class Mark:
     token: str | None = None  # the parity token handed to the new invocation (None: lines are not token-checked)
 
 
-@dataclass(frozen=True)
-class Entry:
-    cursor: str
-    message: str
-    invocation: str
-    realtime_us: int
-    line_break: str = ""  # _LINE_BREAK: why journald cut this message ("" when it did not)
-
-
 def parse_mark(stdout: str) -> Mark:
     lines = stdout.split("\n")
     inv = lines[0].strip() if lines else ""
@@ -108,7 +100,7 @@ def message_text(value: Any) -> str:
     if isinstance(value, list) and all(isinstance(v, int) and 0 <= v <= 255 for v in value):
         return bytes(value).decode("utf-8", "replace")
     shown = "null" if value is None else f"a JSON {type(value).__name__}"
-    return f"{LEFT_OUT}: MESSAGE {shown} in journalctl's JSON"
+    return left_out_message(f"MESSAGE {shown} in journalctl's JSON")
 
 
 def line_break(doc: dict[str, Any]) -> str:
@@ -137,6 +129,7 @@ def parse_entries(text: str) -> list[Entry]:
             continue
         out.append(
             Entry(
+                number=0,
                 cursor=cursor,
                 message=message_text(doc.get("MESSAGE", "")),
                 invocation=str(doc.get("_SYSTEMD_INVOCATION_ID", "")),

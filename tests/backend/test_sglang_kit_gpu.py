@@ -59,8 +59,8 @@ SGLANG_MISSING = (
 
 
 def _gate() -> tuple[Any, Any, Any]:
-    from opsctl.gate.decision import LineVerdict, classify
     from opsctl.gate.lines import ParityLine, parse_line
+    from opsctl.gate.verdicts import LineVerdict, classify
     from opsctl.inventory import GateSettings
 
     settings = GateSettings()

@@ -2,8 +2,9 @@ import math
 
 import pytest
 
-from opsctl.gate.decision import GateState, LineVerdict, Verdict, classify
+from opsctl.gate.decision import GateState, LineVerdict, Verdict
 from opsctl.gate.lines import ParityLine, parse_line
+from opsctl.gate.verdicts import classify
 from opsctl.hostdata.facts import UnitObservation
 from opsctl.inventory import GateSettings
 

@@ -10,9 +10,10 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsctl.gate import parity_check
-from opsctl.gate.parity_check import JournalReader, check_entries
+from opsctl.gate.parity_check import check_entries
 from opsctl.inventory import GateSettings
+from opsctl.journal import reader as journal_reader
+from opsctl.journal.reader import JournalReader
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 OTHER = "fedcba9876543210fedcba9876543210"
@@ -102,4 +103,4 @@ def test_the_scanner_refuses_what_json_loads_refuses() -> None:
     for text in ('{"MESSAGE":"x"} trailing', '{"MESSAGE":"x"', '{"MESSAGE":' + "9" * 5000 + "}", "[" * 100_000, "[1]"):
         assert reader._json_entry(text, 1) is not None
     assert reader.unreadable == 5
-    assert parity_check._SCAN('{"a":"b"}', 0) == ({"a": "b"}, 9)
+    assert journal_reader._SCAN('{"a":"b"}', 0) == ({"a": "b"}, 9)

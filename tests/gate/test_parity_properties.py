@@ -13,8 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from opsctl.gate.decision import GateState, LineVerdict, judge
-from opsctl.gate.lines import ParityLine, ShapesLine, _fast_parity, _parse_full, key_mask_warning, parse_line
+from opsctl.gate.lines import ParityLine, ShapesLine, _fast_parity, _parse_full, parse_line
 from opsctl.gate.parity_check import check_journal
+from opsctl.gate.shapes import key_mask_warning
 from opsctl.inventory import GateSettings
 
 TOKEN = "5f0c1d2e3a4b5c6d7e8f90a1b2c3d4e5"

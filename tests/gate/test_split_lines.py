@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opsctl.gate.decision import GateState, LineVerdict, Verdict, judge
-from opsctl.gate.lines import claims_token, cut_token, token_rest_at_start
+from opsctl.gate.ownership import claims_token, cut_token, token_rest_at_start
 from opsctl.gate.parity_check import check_journal
 from opsctl.health.probe import parity_from_probe
 from opsctl.health.probe_on_host import parity_lines
