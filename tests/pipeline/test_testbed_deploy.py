@@ -468,6 +468,9 @@ def opsctl(*args: str, inventory: Path | None = None) -> subprocess.CompletedPro
     )
 
 
+# Quiet: the inventory's comparison judges decode speed, and beside two other workers on 2 cores an A/A deploy was
+# once measured at 0.50x then 0.35x (the host's short calibration did not see the contention) and rolled back.
+@pytest.mark.quiet
 def test_cli_deploy_status_logs(local: HostConfig, good_tree: Path, good_id: str, tmp_path: Path) -> None:
     ensure_good(local, good_tree, good_id)
     # The CLI deploy: progress per step, one verdict line, exit 0 on PASS (testbed inventory settings).
