@@ -43,7 +43,7 @@ def test_a_slower_release_is_refused_before_the_restart(
     slow_id = make_manifest(slow).id
     rec = Recorder()
     res = d.deploy(host, slow, d.DeployOptions(), rec)
-    assert res.verdict == "FAIL", res.line()
+    assert res.verdict == "FAIL", (res.line(), res.speed)
     assert "pre-restart speed" in res.reason and f"of {good_id}" in res.reason, res.reason
     assert res.speed is not None and res.speed["verdict"] == "FAIL" and res.speed["speed"] < 0.97
     assert "restart" not in rec.steps and "switch" not in rec.steps
