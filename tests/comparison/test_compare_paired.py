@@ -11,7 +11,7 @@ from dataclasses import replace
 from opsctl.comparison.compare import compare, confirm, only_speed_fails
 from opsctl.comparison.decode import judge_speed, pair_spread
 from opsctl.comparison.mannwhitney import mann_whitney_greater
-from opsctl.comparison.results import NOISE_MARGIN, Outcome
+from opsctl.comparison.results import MAX_TRUSTED_SPREAD, NOISE_MARGIN, Outcome
 from opsctl.comparison.sample import CompareRequest, ComparisonSample
 from opsctl.inventory import CompareSettings
 
@@ -167,8 +167,6 @@ def test_a_slowdown_then_a_withheld_speed_is_unproven_never_a_pass() -> None:
 def test_a_slowdown_the_margin_hides_in_a_sample_too_noisy_to_trust_is_unproven_never_a_pass() -> None:
     # CI, issue 48: a 1.5x slower release measured 0.65x at p=3e-5 beside two other test workers on 2 cores, with a
     # spread so wide that the bound less the margin fell below it: it passed.
-    from opsctl.comparison.results import MAX_TRUSTED_SPREAD
-
     wide = [0.45 + (0.44 if i % 2 else -0.44) * (i % 5) / 4 for i in range(16)]  # all slower, widely spread
     assert all(d > 0 for d in wide) and pair_spread(wide) > MAX_TRUSTED_SPREAD
     old = [0.01] * 16
