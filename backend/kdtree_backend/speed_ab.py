@@ -12,8 +12,10 @@ it prints one JSON document with every pair, and opsctl judges it (``opsctl.spee
 Config (stdin, JSON): ``cases`` [[bs, prefix, q_len, heads], ...] (null: chosen for the device, below),
 ``q_len``, ``heads`` (for the chosen cases; heads null: this release's ``replay.heads``), ``rounds``,
 ``budget_s`` (the rounds stop once it is spent, after at least :data:`MIN_ROUNDS`), ``graphs``, ``device``,
-``seed``, ``timing_ms`` (a timing is as many back-to-back calls as take about this long), ``tries`` (each time
-is the fastest of this many timings: contention only adds time).
+``cpu`` (the CPU both workers are pinned to: :func:`shared_cpu`),
+``seed``, ``timing_ms`` (a timing is as many back-to-back calls as take about this long; default 3), ``tries``
+(each time is the fastest of this many timings, the two sides' timings interleaved A B B A ...: contention only
+adds time, and a busy moment of the host falls on both sides; default 5).
 
 Exit status: 0 with the document; 2 bad usage; 4 the check cannot run here (``{"cannot": why}``: the old release
 has no ``kernel/``, a worker failed to start or to load, ...), which a deploy reports and does not count against
@@ -48,7 +50,7 @@ CPU_PREFIXES = (64, 128)
 class Worker:
     """One side: a worker process of this release's ``deploy/speed_worker.py`` in ``release``'s tree."""
 
-    def __init__(self, name: str, release: Path, script: Path) -> None:
+    def __init__(self, name: str, release: Path, script: Path, cpu: int | None = None) -> None:
         self.name = name
         env = {
             **os.environ,
@@ -57,7 +59,7 @@ class Worker:
         }
         self.proc = subprocess.Popen(
             [sys.executable, str(script)], cwd=release, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, bufsize=1,
+            stderr=subprocess.PIPE, text=True, bufsize=1, preexec_fn=None if cpu is None else _pinned(cpu),
         )  # fmt: skip
 
     def ask(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -93,6 +95,27 @@ class WorkerFailed(Exception):
     pass
 
 
+def shared_cpu(config: dict[str, Any]) -> int | None:
+    """The one CPU both workers run on (config ``cpu``; default the last this program may use; None: unpinned).
+
+    On the testbed, with each worker free to move, an A/A check measured 0.91x (p=0.0002): for whole rounds one
+    side ran 1.4x as long per call of CPU time while the other did not, the mark of a busy sibling of the core that
+    side happened to be on. On one CPU whatever else runs on the host meets both sides alike. The two never run at
+    once (one command at a time), so sharing a CPU costs neither of them anything."""
+    if config.get("cpu") is False or not hasattr(os, "sched_getaffinity"):
+        return None
+    if isinstance(config.get("cpu"), int):
+        return int(config["cpu"])
+    return max(os.sched_getaffinity(0))
+
+
+def _pinned(cpu: int) -> Any:
+    def pin() -> None:  # in the child, before it runs Python: every thread it starts stays on ``cpu``
+        os.sched_setaffinity(0, {cpu})
+
+    return pin
+
+
 def chosen_cases(config: dict[str, Any], device: str, heads: int) -> list[list[int]]:
     if config.get("cases"):
         return [[int(x) for x in case] for case in config["cases"]]
@@ -117,7 +140,8 @@ class Session:
     def __init__(self, config: dict[str, Any], new: Path, old: Path, log: IO[str]) -> None:
         self.config, self.started = config, time.monotonic()
         script = new / "deploy" / "speed_worker.py"
-        self.sides = {"new": Worker("new", new, script), "old": Worker("old", old, script)}
+        self.cpu = shared_cpu(config)
+        self.sides = {"new": Worker("new", new, script, self.cpu), "old": Worker("old", old, script, self.cpu)}
         try:
             with tempfile.TemporaryDirectory(prefix="kdtree-speed-") as tmp:
                 calls_file = str(Path(tmp) / "calls.pt")
@@ -135,8 +159,8 @@ class Session:
             raise
         self.ready_s = time.monotonic() - self.started
         log.write(f"speed_ab: ready after {self.ready_s:.1f}s: {json.dumps(self.ready)}\n")
-        self.reps = _reps(self.ready, float(config.get("timing_ms") or 10.0))
-        self.tries = max(1, int(config.get("tries") or 3))
+        self.reps = _reps(self.ready, float(config.get("timing_ms") or 3.0))
+        self.tries = max(1, int(config.get("tries") or 5))
 
     def sample(self) -> dict[str, Any]:
         """Rounds until ``rounds`` or ``budget_s`` (from the session's start; at least :data:`MIN_ROUNDS`)."""
@@ -148,12 +172,18 @@ class Session:
         while rounds < rounds_max and (rounds < MIN_ROUNDS or time.monotonic() - self.started < budget):
             order = ("new", "old") if rounds % 2 == 0 else ("old", "new")
             for i in range(len(self.cases)):
+                timing = {"op": "time", "call": i, "reps": self.reps[i], "tries": 1}
+                best: dict[str, float] = {}
+                for t in range(self.tries):  # interleaved: a busy moment of the host falls on both sides
+                    for name in order if t % 2 == 0 else order[::-1]:
+                        us = sides[name].ask(timing)["us"]
+                        best[name] = min(us, best.get(name, us))
                 for name in order:
-                    timing = {"op": "time", "call": i, "reps": self.reps[i], "tries": self.tries}
-                    pairs[i][name].append(sides[name].ask(timing)["us"])
+                    pairs[i][name].append(best[name])
             rounds += 1
         return {
             "device": self.ready["new"]["device"],
+            "cpu": self.cpu,
             "paths": {name: self.ready[name]["path"] for name in sides},
             "graphs": {name: self.ready[name]["graphs"] for name in sides},
             "rounds": rounds,

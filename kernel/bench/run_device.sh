@@ -71,7 +71,8 @@ for stage in $stages; do
       python3 kernel/bench/probe_splits.py --kernel-times --out "$OUT/kernel-times.jsonl" 2>&1 | tail -6 ;;
     speed-ab)
       # The pre-restart speed check's host program and judge on two builds: base, and a copy ~3% slower (issue 48).
-      python3 kernel/bench/speed_ab.py --out "$RESULTS" 2> "$OUT/speed-ab.log"; rc=$?
+      # SPEED_AB_ARGS: more of speed_ab.py's options (--slow, --max-slowdown, --samples ...).
+      python3 kernel/bench/speed_ab.py --out "$RESULTS" ${SPEED_AB_ARGS:-} 2> "$OUT/speed-ab.log"; rc=$?
       cp "$RESULTS/speed-ab.json" "$RESULTS/speed-ab.md" "$OUT/" 2>/dev/null; tail -5 "$OUT/speed-ab.log"
       [ "$rc" = 0 ] || exit 17 ;;
     quick-bench)
