@@ -343,33 +343,64 @@ def confirm(first: Comparison, second: Comparison, *, earlier: int = 1) -> Compa
     """The verdict after a speed-only FAIL or an UNPROVEN speed (``first``): the comparison of another sample of the
     new release with the same baseline (``second``), which names what the earlier one showed (``earlier``: how
     many samples were judged before ``second``). The FAIL stands only when it repeats: a slower release is slower
-    every time, a busy minute on the host is not; a withheld slowdown that repeats stays UNPROVEN."""
+    every time, a busy minute on the host is not; a withheld slowdown that repeats stays UNPROVEN. "Repeats" is
+    the bound itself at p < alpha on the same level: the margin for the pairs' spread forgives one sample only."""
     ordinal = _ORDINALS[min(earlier, len(_ORDINALS)) - 1]
     figure = first.speed.figure() if first.speed.ratio is not None else "a FAIL"
     if first.speed.outcome is Outcome.UNPROVEN:
         figure += " withheld"
-    if second.speed.outcome in (Outcome.FAIL, Outcome.UNPROVEN):
-        note = f"a {ordinal} sample too: {figure}"
-    else:
-        note = f"a {ordinal} sample's {figure} not repeated"
+    slowed = first.speed.outcome in (Outcome.FAIL, Outcome.UNPROVEN)
+    outcome, text, again = second.outcome, "", second.speed.outcome in (Outcome.FAIL, Outcome.UNPROVEN)
+    if slowed and second.outcome.rank < Outcome.UNPROVEN.rank:
+        outcome, text, beyond = _after_a_slowdown(first, second, figure, ordinal)
+        again = again or beyond
+    note = f"a {ordinal} sample too: {figure}" if again else f"a {ordinal} sample's {figure} not repeated"
     if first.first_sample:
         note = f"{first.first_sample}; {note}"
-    withheld = [level for level in second.levels or (second.speed,) if level.why and level.ratio is not None]
-    slowed = first.speed.outcome in (Outcome.FAIL, Outcome.UNPROVEN)
-    if (
-        slowed
-        and second.outcome.rank < Outcome.UNPROVEN.rank
-        and any(lv.outcome is Outcome.UNDECIDED for lv in withheld)
-    ):
+    reasons = (text, *second.reasons) if text else second.reasons
+    return replace(second, outcome=outcome, reasons=reasons, first_sample=note)
+
+
+def _after_a_slowdown(first: Comparison, second: Comparison, figure: str, ordinal: str) -> tuple[Outcome, str, bool]:
+    """``second``'s outcome (below UNPROVEN) after ``first`` measured a slowdown, the reason when it changes, and
+    whether ``second`` is slower than the bound itself (at p < alpha) where ``first`` was."""
+    withheld = [lv for lv in second.levels or (second.speed,) if lv.why and lv.ratio is not None]
+    undecided = [lv for lv in withheld if lv.outcome is Outcome.UNDECIDED]
+    if undecided:
         # A slowdown measured, then a sample whose speed verdict the load or the host withheld: nothing says the
         # slowdown went away, so no PASS (measured again while samples are left, else not proven).
-        level = min((lv for lv in withheld if lv.outcome is Outcome.UNDECIDED), key=lambda lv: lv.ratio or 0.0)
-        text = (
-            f"{level.figure()} withheld ({level.why}) after a slowdown measured on an earlier sample: "
-            "not proven, never a PASS"
+        level = min(undecided, key=lambda lv: lv.ratio or 0.0)
+        why = f"{level.figure()} withheld ({level.why}) after a slowdown measured on an earlier sample"
+        return Outcome.UNPROVEN, why + ": not proven, never a PASS", False
+    repeated = _repeated_slowdown(first, second)
+    if repeated is None:
+        return second.outcome, "", False
+    # A testbed slow:1.25 release passed so: 0.73x, then 0.87x at p=5e-05, within that sample's margin.
+    bound = 1 - float(second.settings.get("max_slowdown", 0.0))
+    if first.speed.outcome is Outcome.FAIL:
+        return (
+            Outcome.FAIL,
+            f"{repeated.figure()}: slower than {bound:.2f}x again, after {figure} on the {ordinal} sample",
+            True,
         )
-        return replace(second, outcome=Outcome.UNPROVEN, reasons=(text, *second.reasons), first_sample=note)
-    return replace(second, first_sample=note)
+    return Outcome.UNPROVEN, f"{repeated.figure()} beyond {bound:.2f}x after {figure}: not proven, never a PASS", True
+
+
+def _repeated_slowdown(first: Comparison, second: Comparison) -> Speed | None:
+    """The level of ``second`` slower than ``1 - max_slowdown`` at p < alpha (a PASS only by the margin for its
+    pairs' spread) at a concurrency where ``first`` measured a slowdown (FAIL or withheld); None if none is."""
+    slowed_at = {
+        lv.concurrency for lv in first.levels or (first.speed,) if lv.outcome in (Outcome.FAIL, Outcome.UNPROVEN)
+    }
+    bound = 1 - float(second.settings.get("max_slowdown", 0.0))
+    alpha = float(second.settings.get("alpha", 0.0))
+    beyond = [
+        lv
+        for lv in second.levels or (second.speed,)
+        if lv.concurrency in slowed_at and not lv.withheld and lv.ratio is not None and lv.p is not None
+        and lv.ratio < bound and lv.p < alpha
+    ]  # fmt: skip
+    return min(beyond, key=lambda lv: lv.ratio or 0.0, default=None)
 
 
 def judge_alone(sample: ComparisonSample) -> tuple[Outcome, str]:

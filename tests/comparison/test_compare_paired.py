@@ -179,3 +179,33 @@ def test_a_slowdown_the_margin_hides_in_a_sample_too_noisy_to_trust_is_unproven_
     assert pair_spread(trusted) <= MAX_TRUSTED_SPREAD
     calm = judge_speed(old, [0.01 * math.exp(d) for d in trusted], DEFAULTS)
     assert calm.ratio is not None and calm.ratio < 1 - DEFAULTS.max_slowdown and calm.outcome is Outcome.PASS, calm
+
+
+def test_a_slowdown_that_repeats_beyond_the_bound_within_the_margin_is_confirmed() -> None:
+    # Testbed, issue 48: slow:1.25 measured 0.73x (FAIL), then on its second sample 0.87x at p=5e-05, within that
+    # sample's bound less 1.5x its spread (0.92 less the margin): the deploy passed.
+    first = compare(levels(), levels(at_8=1.25, noise_sign=-1), DEFAULTS, baseline="r1")
+    assert first.outcome is Outcome.FAIL and first.levels[1].outcome is Outcome.FAIL
+    second = compare(levels(), levels(at_8=1.065, noise_sign=-1), DEFAULTS, baseline="r1")
+    lv = second.levels[1]
+    assert lv.outcome is Outcome.PASS and lv.ratio is not None and lv.p is not None and lv.floor is not None
+    assert lv.floor < lv.ratio < 1 - DEFAULTS.max_slowdown and lv.p < DEFAULTS.alpha  # only the margin passes it
+    after = confirm(first, second)
+    assert after.outcome is Outcome.FAIL, after.reasons
+    assert (
+        after.reasons[0].startswith("decode 0.94x at concurrency 8 (p=")
+        and "again, after decode 0.80x" in after.reasons[0]
+    )
+    assert after.first_sample is not None and after.first_sample.startswith("a first sample too: decode 0.80x")
+    # At the other level only (the first sample's slowdown was at 8): not the same slowdown, it stands as judged.
+    at_1 = compare(levels(), levels(at_1=1.06, noise_sign=-1), DEFAULTS, baseline="r1")
+    assert confirm(first, at_1).outcome is at_1.outcome
+    # Within the bound itself (0.97x): the FAIL did not repeat, a PASS as before.
+    near = compare(levels(), levels(at_8=1.03, noise_sign=-1), DEFAULTS, baseline="r1")
+    assert near.levels[1].ratio is not None and near.levels[1].ratio > 1 - DEFAULTS.max_slowdown
+    assert confirm(first, near).outcome is Outcome.PASS
+    # After a slowdown whose verdict was withheld (not a FAIL), the same second sample is not proven, never a PASS.
+    withheld = replace(first, outcome=Outcome.UNPROVEN, speed=replace(first.speed, outcome=Outcome.UNPROVEN),
+                       levels=(first.levels[0], replace(first.levels[1], outcome=Outcome.UNPROVEN)))  # fmt: skip
+    unproven = confirm(withheld, second)
+    assert unproven.outcome is Outcome.UNPROVEN and "not proven, never a PASS" in unproven.reasons[0]
