@@ -55,6 +55,7 @@ from .results import (
     MIN_PAIRS,
     MIN_SECONDS,
     NOISE_MARGIN,
+    REPEAT_MARGIN,
     Answers,
     Comparison,
     Drafts,
@@ -344,7 +345,8 @@ def confirm(first: Comparison, second: Comparison, *, earlier: int = 1) -> Compa
     new release with the same baseline (``second``), which names what the earlier one showed (``earlier``: how
     many samples were judged before ``second``). The FAIL stands only when it repeats: a slower release is slower
     every time, a busy minute on the host is not; a withheld slowdown that repeats stays UNPROVEN. "Repeats" is
-    the bound itself at p < alpha on the same level: the margin for the pairs' spread forgives one sample only."""
+    the bound less ``REPEAT_MARGIN`` x the spread, at p < alpha, on the same level: the whole margin for the pairs'
+    spread (``NOISE_MARGIN``) forgives one sample only."""
     ordinal = _ORDINALS[min(earlier, len(_ORDINALS)) - 1]
     figure = first.speed.figure() if first.speed.ratio is not None else "a FAIL"
     if first.speed.outcome is Outcome.UNPROVEN:
@@ -387,8 +389,9 @@ def _after_a_slowdown(first: Comparison, second: Comparison, figure: str, ordina
 
 
 def _repeated_slowdown(first: Comparison, second: Comparison) -> Speed | None:
-    """The level of ``second`` slower than ``1 - max_slowdown`` at p < alpha (a PASS only by the margin for its
-    pairs' spread) at a concurrency where ``first`` measured a slowdown (FAIL or withheld); None if none is."""
+    """The level of ``second`` slower than ``1 - max_slowdown`` less :data:`REPEAT_MARGIN` x its pairs' spread, at
+    p < alpha (a PASS only by the rest of the margin), at a concurrency where ``first`` measured a slowdown (FAIL or
+    withheld); None if none is."""
     slowed_at = {
         lv.concurrency for lv in first.levels or (first.speed,) if lv.outcome in (Outcome.FAIL, Outcome.UNPROVEN)
     }
@@ -398,7 +401,7 @@ def _repeated_slowdown(first: Comparison, second: Comparison) -> Speed | None:
         lv
         for lv in second.levels or (second.speed,)
         if lv.concurrency in slowed_at and not lv.withheld and lv.ratio is not None and lv.p is not None
-        and lv.ratio < bound and lv.p < alpha
+        and lv.ratio < bound * math.exp(-REPEAT_MARGIN * (lv.spread or 0.0)) and lv.p < alpha
     ]  # fmt: skip
     return min(beyond, key=lambda lv: lv.ratio or 0.0, default=None)
 
