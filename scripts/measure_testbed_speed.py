@@ -64,6 +64,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "testbed-speed.json")
     ap.add_argument("--report-only", action="store_true", help="write the table again from --out's JSON")
+    ap.add_argument("--only", default="", help="the cases whose name holds this text (e.g. comparison)")
     args = ap.parse_args()
     if args.report_only:
         report(json.loads(args.out.read_text()), args.out.with_suffix(".md"))
@@ -78,6 +79,7 @@ def main() -> None:
                                  variants.slow(ROOT, tmp / "s125", "s125", 1.25)),
         "comparison A/A": (configured(base, speed=False, levels=[1, 8]), good),
     }  # fmt: skip
+    cases = {name: case for name, case in cases.items() if args.only in name}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
     for k in range(args.repeat):
         for name, (host, tree) in cases.items():
