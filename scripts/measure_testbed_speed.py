@@ -42,9 +42,20 @@ def configured(host: HostConfig, *, speed: bool, levels: list[int] | None) -> Ho
     return host.model_copy(update={"gate": gate})
 
 
+def over_good(host: HostConfig, good: Path) -> list[str]:
+    """The good release deployed until it PASSes (its own comparison may be withheld: UNPROVEN rolls back to what
+    ran before, and the next case would be compared with that); its verdicts, in order."""
+    verdicts = []
+    for _ in range(3):
+        verdicts.append(str(d.deploy(host, good, d.DeployOptions(force=True)).verdict))
+        if verdicts[-1] == "PASS":
+            return verdicts
+    raise SystemExit(f"the good release did not PASS on {host.name} in 3 deploys: {verdicts}")
+
+
 def one(host: HostConfig, tree: Path, good: Path) -> dict[str, Any]:
     """Deploy ``tree`` over the good release (forced: a variant marked bad by the last round is deployed again)."""
-    d.deploy(host, good, d.DeployOptions(force=True))
+    over = over_good(host, good)
     t0 = time.monotonic()
     res = d.deploy(host, tree, d.DeployOptions(force=True))
     speed, comparison = res.speed or {}, res.comparison or {}
@@ -55,6 +66,7 @@ def one(host: HostConfig, tree: Path, good: Path) -> dict[str, Any]:
         "speed": speed.get("speed"), "speed_p": speed.get("p"), "speed_verdict": speed.get("verdict"),
         "speed_worst": f"{speed.get('worst')}: {speed.get('worst_speed') or 0:.3f}" if speed else None,
         "comparison": comparison.get("line"), "comparison_outcome": comparison.get("outcome"),
+        "baseline": comparison.get("baseline_release"), "good_deploys": over,
     }  # fmt: skip
 
 

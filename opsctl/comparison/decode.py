@@ -190,8 +190,10 @@ def _judge_on_a_busier_host(m: _Measured, host: float, settings: Thresholds) -> 
     adjusted = m.ratio * host
     adjusted_p = signed_rank_greater([d - math.log(host) for d in m.diffs]).p
     adjusted_slow = adjusted < m.floor and adjusted_p < settings.alpha
-    adjusted_beyond = adjusted < m.bound and adjusted_p < settings.alpha
-    if m.untrusted and m.beyond and adjusted_beyond and not m.slow and not adjusted_slow:
+    if m.untrusted and m.beyond and not m.slow and not adjusted_slow:
+        # Too noisy a sample to trust its margin, whatever the calibration says of it: an A/A testbed deploy
+        # measured 0.69x (p=1.5e-05, spread 0.19) with the host 1.28x busier on the new side and passed on the
+        # adjusted 1.0x, which a slower release measured so would have too.
         return m.speed(Outcome.UNPROVEN, m.noisy, adjusted_ratio=adjusted)
     text = (
         f"a fixed CPU calibration took {host:.2f}x as long on the new side; bound {1 + MAX_HOST_DIFF:g}x; "

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import replace
 
 from opsctl.comparison.compare import compare, confirm, only_speed_fails
 from opsctl.comparison.decode import judge_speed, pair_spread
 from opsctl.comparison.mannwhitney import mann_whitney_greater
-from opsctl.comparison.results import MAX_TRUSTED_SPREAD, NOISE_MARGIN, Outcome
+from opsctl.comparison.results import MAX_TRUSTED_SPREAD, NOISE_MARGIN, Load, Outcome
 from opsctl.comparison.sample import CompareRequest, ComparisonSample
 from opsctl.inventory import CompareSettings
 
@@ -209,3 +210,17 @@ def test_a_slowdown_that_repeats_beyond_the_bound_within_the_margin_is_confirmed
                        levels=(first.levels[0], replace(first.levels[1], outcome=Outcome.UNPROVEN)))  # fmt: skip
     unproven = confirm(withheld, second)
     assert unproven.outcome is Outcome.UNPROVEN and "not proven, never a PASS" in unproven.reasons[0]
+
+
+def test_a_sample_too_noisy_to_trust_is_unproven_even_when_the_host_calibration_explains_it() -> None:
+    # Testbed, issue 48: an A/A deploy measured 0.69x at p=1.5e-05 with a spread of 0.19, the host 1.28x busier on
+    # the new side; the adjusted ratio (1.0x) passed it, as it would a slower release measured on a busier host.
+    wide = [0.45 + (0.44 if i % 2 else -0.44) * (i % 5) / 4 for i in range(16)]
+    old = [0.01] * 16
+    new = [0.01 * math.exp(d) for d in wide]
+    busier = Load(1.0, 1.0, 1.0, host_old=0.002, host_new=0.002 * math.exp(statistics.median(wide)))
+    assert busier.host_differs and busier.host_ratio is not None and busier.host_ratio > 1.15
+    s = judge_speed(old, new, DEFAULTS, busier)
+    assert s.ratio is not None and s.ratio < 1 - DEFAULTS.max_slowdown and s.adjusted_ratio is not None
+    assert abs(s.adjusted_ratio - 1.0) < 1e-9  # the calibration explains all of it
+    assert s.outcome is Outcome.UNPROVEN and "too noisy a sample" in s.why, s

@@ -1,8 +1,8 @@
 """The comparison paired by prompt at concurrency 1 and 8 on real testbed hosts (issue 48, part 2): a release slower
-only while several requests are decoded (``slow-batch``) FAILs at the comparison naming concurrency 8; a release
-1.5x slower on every verify step FAILs; the same release again PASSes (repeated:
-scripts/measure_testbed_speed.py). The pre-restart speed check is off in these hosts (it would refuse the slow
-release before the comparison sees it)."""
+only while several requests are decoded (``slow-batch``) FAILs at the comparison naming concurrency 8. A release
+slower on every verify step, and the same release again, at both levels: tests/pipeline/test_testbed_comparison.py
+(once each), scripts/measure_testbed_speed.py (5 times each, docs/bench/testbed-speed.md). The pre-restart speed
+check is off in these hosts (it would refuse the slow release before the comparison sees it)."""
 
 from __future__ import annotations
 
@@ -58,28 +58,3 @@ def test_a_release_slower_only_at_8_concurrent_requests_fails_naming_the_level(
     assert res.rolled_back_to == good_id and res.rollback_verdict == "PASS"
     snap, _ = state(tb2)
     assert snap.current == good_id and slow_id in snap.bad
-
-
-def test_a_slower_release_fails_at_the_comparison_and_the_same_release_again_passes(
-    tb2: HostConfig, good_tree: Path, good_id: str, tmp_path: Path
-) -> None:
-    # 1.5x, not the issue's 1.25x: on the CI machine (three test workers on 2 cores) a 1.25x release's second sample
-    # was once not slower beyond the testbed's whole-side shift (4-5% a server process) and passed. Once each here;
-    # repeated (slow:1.25 3 of 3 or more, A/A 5 of 5), with each deploy's cost: scripts/measure_testbed_speed.py,
-    # docs/bench/testbed-speed.md.
-    slow = variants.slow(trees.SOURCE, tmp_path / "slow-1.5", tag="slow-1.5", factor=1.5)
-    res = deploy_bad(tb2, slow, good_tree, good_id)
-    c = res.comparison or {}
-    lines = [f"{res.verdict}: {c.get('line')}"]
-    assert res.verdict == "FAIL" and res.stage == "comparison", (res.line(), c.get("line"))
-    assert res.rolled_back_to == good_id and res.rollback_verdict == "PASS"
-    ensure_good(tb2, good_tree, good_id)
-    again = d.deploy(tb2, good_tree, d.DeployOptions(force=True))
-    c = again.comparison or {}
-    lines.append(
-        f"A/A {again.verdict}: {c.get('line')} [{again.step_times.get('baseline', 0):.1f}s + "
-        f"{again.step_times.get('comparison', 0):.1f}s]"
-    )
-    assert again.verdict == "PASS" and c["outcome"] in ("PASS", "UNDECIDED"), c.get("line")
-    assert {lv["concurrency"] for lv in c["result"]["levels"]} == {1, 8}, c["result"]["levels"]
-    print("\n[measure] " + "\n[measure] ".join(lines))
