@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import json
 import shlex
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -60,9 +61,20 @@ def bundle(texts: Sequence[str], names: Sequence[str]) -> str:
     return "".join(parts)
 
 
-@cache
+# One build at a time: a fleet roll-out asks for the same program from several threads at once, and CPython 3.11's
+# ast.parse in two threads at once can raise "SystemError: AST constructor recursion depth mismatch" (a host of a
+# parallel roll-out in CI failed so).
+_BUILDING = threading.Lock()
+
+
 def program_text(package: str, modules: tuple[str, ...]) -> str:
-    """The program as shipped: the installed module's own file, or several bundled (``bundle``)."""
+    """The program as shipped: the installed module's own file, or several bundled (``bundle``); built once."""
+    with _BUILDING:
+        return _built(package, modules)
+
+
+@cache
+def _built(package: str, modules: tuple[str, ...]) -> str:
     texts = [resources.files(package).joinpath(m).read_text(encoding="utf-8") for m in modules]
     return texts[0] if len(texts) == 1 else bundle(texts, modules)
 

@@ -33,6 +33,9 @@ def tb2(testbed: Inventory) -> HostConfig:
 def test_the_same_release_again_compares_equal_and_is_recorded(tb2: HostConfig, good_tree: Path, good_id: str) -> None:
     ensure_good(tb2, good_tree, good_id)
     res = d.deploy(tb2, good_tree, d.DeployOptions(force=True))
+    if res.verdict == "UNPROVEN":  # the testbed's noise withheld a slowdown (never a FAIL): once more, as an operator
+        ensure_good(tb2, good_tree, good_id)
+        res = d.deploy(tb2, good_tree, d.DeployOptions(force=True))
     assert res.verdict == "PASS", res.line()
     c = res.comparison
     # PASS, or "cannot decide" when other work on this shared machine took the CPU on one side: never a FAIL.
@@ -53,6 +56,9 @@ def test_the_same_release_again_compares_equal_and_is_recorded(tb2: HostConfig, 
     assert added <= COMPARISON_BUDGET_S, res.step_times
     # opsctl restart runs the same comparison: the release against itself.
     again = d.restart(tb2)
+    if again.verdict == "UNPROVEN":  # CI: 0.92x at a spread of 0.19, and 0.79x with the host 1.28x busier: withheld
+        assert again.comparison is not None and again.comparison["outcome"] == "UNPROVEN", again.line()
+        again = d.restart(tb2)
     assert again.verdict == "PASS" and again.comparison is not None, again.line()
     assert again.comparison["outcome"] in ("PASS", "UNDECIDED") and again.comparison["baseline_release"] == good_id
     assert again.comparison["result"]["answers"]["identical"] == 32

@@ -90,3 +90,17 @@ def test_a_program_that_cannot_run_is_a_deploy_failure_naming_the_host_and_the_p
             what="the comparison workload",
             python="/nonexistent/python3",
         )
+
+
+def test_many_threads_asking_for_a_program_at_once_get_the_same_text() -> None:
+    # A parallel roll-out asks from one thread per host; CPython 3.11's ast.parse in two threads at once once failed a
+    # host of CI's roll-out ("AST constructor recursion depth mismatch"): the text is built once, under a lock.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from opsctl.ssh import hostprogram
+
+    hostprogram._built.cache_clear()
+    with ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(lambda _: TRAFFIC_PROGRAM.text(), range(32)))
+    assert len(set(texts)) == 1 and texts[0].count(CONFIG_LINE) == 1
+    assert hostprogram._built.cache_info().misses == 1
