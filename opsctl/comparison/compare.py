@@ -365,7 +365,7 @@ def confirm(first: Comparison, second: Comparison, *, earlier: int = 1) -> Compa
 
 def _after_a_slowdown(first: Comparison, second: Comparison, figure: str, ordinal: str) -> tuple[Outcome, str, bool]:
     """``second``'s outcome (below UNPROVEN) after ``first`` measured a slowdown, the reason when it changes, and
-    whether ``second`` is slower than the bound itself (at p < alpha) where ``first`` was."""
+    whether ``second`` repeats that slowdown (:func:`_repeated_slowdown`)."""
     withheld = [lv for lv in second.levels or (second.speed,) if lv.why and lv.ratio is not None]
     undecided = [lv for lv in withheld if lv.outcome is Outcome.UNDECIDED]
     if undecided:
@@ -374,11 +374,11 @@ def _after_a_slowdown(first: Comparison, second: Comparison, figure: str, ordina
         level = min(undecided, key=lambda lv: lv.ratio or 0.0)
         why = f"{level.figure()} withheld ({level.why}) after a slowdown measured on an earlier sample"
         return Outcome.UNPROVEN, why + ": not proven, never a PASS", False
-    repeated = _repeated_slowdown(first, second)
+    bound = 1 - float(second.settings.get("max_slowdown", 0.0))
+    repeated = _repeated_slowdown(first, second, bound)
     if repeated is None:
         return second.outcome, "", False
     # A testbed slow:1.25 release passed so: 0.73x, then 0.87x at p=5e-05, within that sample's margin.
-    bound = 1 - float(second.settings.get("max_slowdown", 0.0))
     if first.speed.outcome is Outcome.FAIL:
         return (
             Outcome.FAIL,
@@ -388,14 +388,13 @@ def _after_a_slowdown(first: Comparison, second: Comparison, figure: str, ordina
     return Outcome.UNPROVEN, f"{repeated.figure()} beyond {bound:.2f}x after {figure}: not proven, never a PASS", True
 
 
-def _repeated_slowdown(first: Comparison, second: Comparison) -> Speed | None:
-    """The level of ``second`` slower than ``1 - max_slowdown`` less :data:`REPEAT_MARGIN` x its pairs' spread, at
+def _repeated_slowdown(first: Comparison, second: Comparison, bound: float) -> Speed | None:
+    """The level of ``second`` slower than ``bound`` (1 - max_slowdown) less :data:`REPEAT_MARGIN` x its spread, at
     p < alpha (a PASS only by the rest of the margin), at a concurrency where ``first`` measured a slowdown (FAIL or
     withheld); None if none is."""
     slowed_at = {
         lv.concurrency for lv in first.levels or (first.speed,) if lv.outcome in (Outcome.FAIL, Outcome.UNPROVEN)
     }
-    bound = 1 - float(second.settings.get("max_slowdown", 0.0))
     alpha = float(second.settings.get("alpha", 0.0))
     beyond = [
         lv
