@@ -5,7 +5,7 @@ Noise model: every pair of a call in a round is ``log(new / old) = log(1 + slowd
 pair_sd)`` independent between pairs (what alternating A B / B A leaves: a drift of the host falls on both sides of
 a pair); ``b ~ N(0, call_sd)`` fixed per call for the sample (a shape where the two processes differ by chance: a
 memory placement); ``s ~ N(0, side_sd)`` fixed for the whole sample (one process placed better than the other). The figures measured for ``pair_sd`` and ``call_sd``: the GPU
-machine's A/A pairs (kernel/bench/results/h200/speed-ab.json, ``aa_noise``) and the testbed's.
+machine's A/A pairs (kernel/bench/results/h100/speed-ab.json, ``aa_noise``) and the testbed's.
 
     .venv/bin/python scripts/simulate_speed_judge.py            # writes docs/bench/speed-judge.{json,md}
 """
