@@ -88,18 +88,18 @@ def _inventory(tmp_path: Path, health: dict[str, object]) -> Path:
 
 def test_a_1mb_alert_command_is_refused_in_under_a_second_without_its_value(tmp_path: Path) -> None:
     path = _inventory(tmp_path, {"alert_command": f"/bin/notify --token={SECRET} " + "x" * 1_000_000})
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU time: three test workers share two cores in CI
     with pytest.raises(InventoryError) as e:
         loader.load(path)
-    elapsed = time.perf_counter() - start
+    elapsed = time.thread_time() - start
     assert elapsed < 1.0, elapsed
     assert f"{path}:" in e.value.message and "health.alert_command" in e.value.message
     assert f"at most {MAX_ALERT_COMMAND_CHARS:,}" in e.value.message and SECRET not in e.value.message
     # At the cap, a long word (shlex is quadratic in a word's length) still checks at once.
     ok = _inventory(tmp_path, {"alert_command": "/bin/notify " + "x" * (MAX_ALERT_COMMAND_CHARS - 12)})
-    start = time.perf_counter()
+    start = time.thread_time()
     loader.load(ok)
-    assert time.perf_counter() - start < 1.0
+    assert time.thread_time() - start < 1.0
 
 
 @pytest.mark.parametrize(

@@ -263,9 +263,9 @@ def test_a_huge_marked_line_parses_in_linear_time() -> None:
 
     for body in (" a=(" * 250_000, " x=(1, 2" * 100_000, " " + "k=v " * 200_000):
         line = f"[kdtree] L0 max_abs_diff=0 mean=0 rel=0 tp=0 token={T}" + body
-        start = time.perf_counter()
+        start = time.thread_time()  # CPU time: three test workers share two cores in CI
         rec = parse_line(line)
-        assert time.perf_counter() - start < 1.0
+        assert time.thread_time() - start < 1.0
         assert isinstance(rec, ParityLine) and any("longer than" in p for p in rec.problems)
         assert rec.carries(T)
 

@@ -274,10 +274,10 @@ def test_a_huge_line_is_judged_in_linear_time_and_its_tail_token_counts(monkeypa
     monkeypatch.setattr(journal_reader, "BLOCK_BYTES", 4096)
     huge = f"{J}[kdtree] L0 max_abs_diff=1 mean=1 rel=1e-9 tp=0 x=(" + "(" * 300_000 + f" token={TOKEN} rel=0.9"
     blocks = [x.encode() for x in ("\n".join([huge, *passing(1)]) + "\n",)]
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU time: three test workers share two cores in CI
     reader = journal_reader.JournalReader()
     check = parity_check.check_entries(reader.read(blocks), S, tp=1, token=TOKEN)
-    assert time.perf_counter() - start < 2.0
+    assert time.thread_time() - start < 2.0
     assert check.verdict is Verdict.FAIL and "longer than" in check.state.reason
 
 

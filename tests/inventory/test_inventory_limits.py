@@ -40,17 +40,17 @@ def test_anchors_shared_by_a_few_hosts_are_fine_and_fast() -> None:
     """What yaml.safe_dump writes for a settings dict shared by several hosts: anchors and aliases, bounded."""
     args = "[" + ",".join(['"--x"'] * 99) + "]"
     hosts = "".join(f"  h{i}: {{address: x, service: {{extra_args: *args}}}}\n" for i in range(100))
-    t = time.monotonic()
+    t = time.thread_time()  # CPU time: three test workers share two cores in CI
     inv = parse(f"defaults:\n  service:\n    extra_args: &args {args}\nhosts:\n{hosts}", "inv.yaml")
-    assert time.monotonic() - t < 1.0
+    assert time.thread_time() - t < 1.0
     assert len(inv.hosts) == 100 and inv.hosts["h99"].service.extra_args == ["--x"] * 99
 
 
 def test_self_referencing_aliases_and_deep_nesting_are_refused() -> None:
     assert refused("hosts:\n  a: &r {address: x, self: *r}\n") == "inv.yaml:2: a YAML alias refers to itself"
-    t = time.monotonic()
+    t = time.thread_time()
     deep = refused("hosts:\n  a: {address: x, extra: " + "[" * 5000 + "]" * 5000 + "}\n")
-    assert deep == "inv.yaml:2: nested more than 64 levels deep" and time.monotonic() - t < 1.0
+    assert deep == "inv.yaml:2: nested more than 64 levels deep" and time.thread_time() - t < 1.0
 
 
 @pytest.mark.parametrize(
