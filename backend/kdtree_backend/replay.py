@@ -15,6 +15,7 @@ within the threshold, 3 otherwise). ``--captures DIR`` replays stored captures o
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -23,6 +24,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 import torch
 
@@ -321,6 +323,17 @@ def stop_on_signals(prefix: str) -> threading.Event:
     return stop
 
 
+def exit_without_teardown(code: int) -> NoReturn:
+    """Leave at once with ``code``, stdout and stderr flushed, skipping the interpreter's teardown: with torch loaded
+    it costs 0.5-0.75 s of CPU (on a testbed host: ``import torch`` and exit, 1.7-2.2 s; with ``os._exit``,
+    1.2-1.3 s), paid by every deploy's pre-restart replay and by every stop of the stand-in server, on hosts whose
+    cores the other steps share. The programs close what they write before their ``main`` returns (the capture
+    writer is a daemon thread, which a normal exit does not wait for either)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config()
@@ -362,4 +375,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

@@ -34,7 +34,6 @@ import argparse
 import hmac
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -47,7 +46,7 @@ import torch
 from .config import ConfigError, KdtreeConfig, StandinFault, load_config
 from .lines import write_line
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .replay import resolve_device, stop_on_signals
+from .replay import exit_without_teardown, resolve_device, stop_on_signals
 from .specdecode import CONTEXT_LEN, ContextTooLong
 from .standin import (
     SGLANG_VERSION,
@@ -375,7 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_line(f"{PREFIX} cannot listen on {options.host}:{options.port}: {exc}", stderr=True)
         return EXIT_FAILED
     stop = stop_on_signals(PREFIX)
-    thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
+    # Polled every 0.1 s, not the default 0.5 s: shutdown() waits for the next poll, and every restart of the unit
+    # (a deploy, a rollback) waits for shutdown().
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="http", daemon=True)
     thread.start()
     fault = config.standin.fault
     shown = "none" if fault is None else fault.kind + (f":{fault.value:g}" if fault.kind == "slow" else "")
@@ -400,4 +401,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

@@ -35,6 +35,7 @@ MAX_PASS_ROWS = 30  # the issue's "at most about 30 lines" for a passing TP 8 de
 # Rank 5's parity lines are off by 0.5 on every layer, the other seven ranks are right: the pre-restart check runs
 # the replay (rank 0), not the server, so the release reaches the gate.
 RANK_5_OFF = """
+import sys
 _scheduler = sys.modules[Scheduler.__module__]  # the verify steps call its fault_parity
 _real = _scheduler.fault_parity
 def _rank_5_off(fault, rank, stats):

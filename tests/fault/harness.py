@@ -341,6 +341,7 @@ _replay.format_parity = _forging
 
 # The first parity line is NaN, every later one passes.
 ONE_EARLY_NAN_UNDER_THE_UNIT = """
+import sys
 _scheduler = sys.modules[Scheduler.__module__]  # the verify steps call its fault_parity
 _real = _scheduler.fault_parity
 _first = [True]
