@@ -204,6 +204,7 @@ class FaultReporter(LineReporter):
         super().__init__(host, emit)
         self.triggers = dict(triggers)
         self.lines = 0
+        self.in_gate = False  # the pre-restart parity check's lines come through ``parity`` too: not the gate's
 
     def _fire(self, event: str) -> None:
         trigger = self.triggers.pop(event, None)
@@ -213,10 +214,13 @@ class FaultReporter(LineReporter):
 
     def step(self, name: str, detail: str = "") -> None:
         super().step(name, detail)
+        self.in_gate = name == "gate"
         self._fire(name)
 
     def parity(self, line: object, verdict: str) -> None:
         super().parity(line, verdict)
+        if not self.in_gate:
+            return
         self.lines += 1
         self._fire(f"gate-line-{self.lines}")  # fired after the gate took the line in: line K decides a PASS
 

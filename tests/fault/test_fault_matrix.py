@@ -156,7 +156,9 @@ def test_ssh_cut_right_after_the_deciding_gate_line(hosts: list[HostConfig], tmp
     k = h2.gate.consecutive_passes
     triggers = {"tb2": {f"gate-line-{k}": lambda: cut_ssh_sessions(h2)}}
     LEDGER.fault(f"tb2's SSH sessions killed right after gate line {k} (the one that decides PASS)")
-    report = run_rollout(plan_rollout([h2]), deploy_action(tree, triggers))
+    log: list[str] = []
+    report = run_rollout(plan_rollout([h2]), deploy_action(tree, triggers, log=log))
+    assert f"tb2: injecting fault at gate-line-{k}" in log, log  # in the gate, not the pre-restart parity check
     # The pipeline reconnects for its bookkeeping after the decision: PASS recorded, lock released.
     assert report.ok, report.outcomes
     assert_deployed(read_end(h2), new)
@@ -168,7 +170,9 @@ def test_journald_restarted_during_the_gate(hosts: list[HostConfig], tmp_path: P
     h3 = by_name(hosts)["tb3"]
     triggers = {"tb3": {"gate-line-1": lambda: restart_journald(h3)}}
     LEDGER.fault("journald restarted on tb3 at its first gate line")
-    report = run_rollout(plan_rollout(hosts, canary=None), deploy_action(tree, triggers), parallel=True)
+    log: list[str] = []
+    report = run_rollout(plan_rollout(hosts, canary=None), deploy_action(tree, triggers, log=log), parallel=True)
+    assert "tb3: injecting fault at gate-line-1" in log, log
     assert report.ok, report.outcomes
     after = ends(hosts)
     for name in ("tb1", "tb2", "tb3"):
