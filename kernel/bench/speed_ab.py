@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ sys.path[:0] = [str(ROOT / "backend"), str(ROOT)]
 
 from kdtree_backend.speed_ab import Session  # noqa: E402
 
+from opsctl.speed.check import speed_command  # noqa: E402
 from opsctl.speed.judge import judge_speed, timed_calls  # noqa: E402
 
 SLOW_PATCH = """
@@ -85,14 +85,10 @@ def judged(doc: dict, against: str) -> dict:
 
 def deploy_like(new: Path, old: Path) -> dict:
     """One check as a deploy runs it: a fresh process (and its two workers), the default config."""
-    config = {"rounds": args.rounds, "budget_s": args.budget_s}
+    cmd = speed_command(sys.executable, str(new), str(old), {"rounds": args.rounds, "budget_s": args.budget_s})
     t0 = time.monotonic()
-    res = subprocess.run(
-        [sys.executable, "-m", "kdtree_backend.speed_ab", "--against", str(old)],
-        input=json.dumps(config), capture_output=True, text=True, cwd=new,
-        env={**os.environ, "PYTHONPATH": f"{new / 'kernel'}:{new / 'backend'}"},
-        timeout=600,
-    )  # fmt: skip
+    res = subprocess.run(["bash", "-c", cmd.command], input=cmd.stdin, capture_output=True, text=True,
+                         timeout=cmd.timeout_s)  # fmt: skip
     wall = time.monotonic() - t0
     doc = json.loads(res.stdout.strip().splitlines()[-1])
     if "calls" not in doc:
